@@ -1,0 +1,3 @@
+from s2s_daemon.cli import main
+
+raise SystemExit(main())

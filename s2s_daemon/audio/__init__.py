@@ -1,0 +1,1 @@
+"""Audio sinks: speaker (PortAudio), WAV files, discard."""

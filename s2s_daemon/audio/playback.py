@@ -1,0 +1,73 @@
+"""The playback stage: hands utterances to the sink one at a time and ends their jobs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
+from s2s_daemon.pipeline.channel import Channel
+from s2s_daemon.pipeline.jobs import Dispatcher, Phase
+from s2s_daemon.pipeline.messages import ErrorCode, PlaybackReport, Utterance
+
+log = structlog.get_logger(__name__)
+
+
+class PlaybackStage:
+    def __init__(self, sink: AudioSink, utterances: Channel[Utterance], dispatcher: Dispatcher) -> None:
+        self.sink = sink
+        self.utterances = utterances
+        self.dispatcher = dispatcher
+
+    async def run(self) -> None:
+        async for utterance in self.utterances:
+            with structlog.contextvars.bound_contextvars(request_id=utterance.request.id):
+                await self._play(utterance)
+
+    async def _play(self, utterance: Utterance) -> None:
+        dispatcher = self.dispatcher
+        job = dispatcher.jobs.get(utterance.request.id)
+        if job is None or job.phase is Phase.DONE:
+            utterance.chunks.clear()
+            utterance.chunks.close()
+            return
+        if job.cancelled:
+            utterance.chunks.clear()
+            utterance.chunks.close()
+            dispatcher.complete(job)
+            return
+        dispatcher.current = job
+        task: asyncio.Task[PlaybackReport] = asyncio.create_task(
+            self.sink.play(utterance, lambda at: dispatcher.first_sample(job, at)),
+            name=f"s2s.playback.{utterance.request.id}",
+        )
+        job.play_task = task  # type: ignore[assignment]
+        try:
+            await asyncio.wait({task})
+        finally:
+            if not task.done():  # this stage itself was cancelled (shutdown)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        job.play_task = None
+        if task.cancelled():
+            log.info("playback_stopped", status=str(job.status))
+        elif (exc := task.exception()) is not None:
+            if isinstance(exc, AudioDeviceError):
+                log.warning("playback_failed", error=str(exc))
+                dispatcher.fail(job, ErrorCode.AUDIO_ERROR, str(exc))
+            else:
+                log.error("playback_crashed", error=repr(exc))
+                dispatcher.fail(job, ErrorCode.AUDIO_ERROR, f"{type(exc).__name__}: {exc}")
+        else:
+            report = task.result()
+            job.timeline.underruns = report.underruns
+            if report.first_sample_at is not None and job.timeline.first_sample_out is None:
+                job.timeline.first_sample_out = report.first_sample_at
+            job.timeline.last_sample_played = report.last_sample_at
+            job.timeline.played_ms = report.audio_ms
+        # Whatever the engine still holds for this utterance is no longer wanted.
+        job.cancelled = True
+        utterance.chunks.clear()
+        utterance.chunks.close()
+        dispatcher.complete(job)

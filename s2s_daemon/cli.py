@@ -1,0 +1,134 @@
+"""Command line: run, say, check-config (and devices, service, bench)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+
+from s2s_daemon import __version__
+from s2s_daemon.config import DaemonConfig, load_config
+from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, DaemonError
+from s2s_daemon.logs import configure_logging
+
+log = structlog.get_logger(__name__)
+
+EXTENSIONS = ("s2s_daemon.audio.devices", "s2s_daemon.service", "s2s_daemon.bench.cli")
+"""Modules that add a subcommand through ``add_parser(subparsers)``."""
+
+
+def _config_path(value: str | None) -> Path | None:
+    raw = value or os.environ.get("S2S_CONFIG")
+    return Path(raw) if raw else None
+
+
+def _load(args: argparse.Namespace, overrides: dict[str, str] | None = None) -> DaemonConfig:
+    environ = dict(os.environ)
+    environ.update(overrides or {})
+    return load_config(_config_path(args.config), environ)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _load(args)
+    configure_logging(config.log.format, config.log.level)
+    from s2s_daemon.app import Daemon
+
+    return asyncio.run(Daemon(config).run())
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load(args)
+    source = _config_path(args.config) or "defaults"
+    print(f"{source}: valid (engine {config.tts.engine}, model {config.tts.model}, sink {config.audio.sink})")
+    if args.print:
+        print(config.model_dump_json(indent=2))
+    return EXIT_OK
+
+
+def cmd_say(args: argparse.Namespace) -> int:
+    overrides: dict[str, str] = {}
+    for flag, key in (
+        ("engine", "S2S_TTS__ENGINE"),
+        ("model", "S2S_TTS__MODEL"),
+        ("device", "S2S_TTS__TORCH__DEVICE"),
+        ("dtype", "S2S_TTS__TORCH__DTYPE"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[key] = value
+    if args.quantization is not None:
+        engine = args.engine or os.environ.get("S2S_TTS__ENGINE")
+        section = "MLX" if engine == "mlx" or args.quantization.endswith(("bit", "bf16")) else "TORCH"
+        overrides[f"S2S_TTS__{section}__QUANTIZATION"] = args.quantization
+    config = _load(args, overrides)
+    configure_logging(config.log.format, config.log.level)
+    from s2s_daemon.say import say_once
+
+    return asyncio.run(say_once(config, args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="s2s-daemon", description="Real-time voice output daemon (MQTT -> Qwen3-TTS -> speaker).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def config_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-c", "--config", help="YAML configuration file (default: $S2S_CONFIG, else built-in defaults)")
+
+    run = sub.add_parser("run", help="run the daemon")
+    config_flag(run)
+    run.set_defaults(func=cmd_run)
+
+    check = sub.add_parser("check-config", help="validate a configuration file and exit (78 when invalid)")
+    check.add_argument("file", nargs="?", help="the file to check (same as -c)")
+    config_flag(check)
+    check.add_argument("--print", action="store_true", help="print the effective configuration as JSON")
+    check.set_defaults(func=cmd_check_config)
+
+    say = sub.add_parser("say", help="synthesize one text through the engine and sink, no broker")
+    say.add_argument("text")
+    config_flag(say)
+    say.add_argument("--engine", help="torch or mlx")
+    say.add_argument("--model", help="hub id or local checkpoint folder")
+    say.add_argument("--voice")
+    say.add_argument("--language")
+    say.add_argument("--instruct", help="style instruction (CustomVoice) or voice description (VoiceDesign)")
+    say.add_argument("--out", type=Path, help="write a 24 kHz WAV file instead of playing")
+    say.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    say.add_argument("--seed", type=int)
+    say.add_argument("--dtype", help="torch: float32, bfloat16, float16 or auto")
+    say.add_argument("--device", help="torch: auto, cpu, cuda, cuda:N, mps")
+    say.add_argument("--quantization", help="mlx: 4bit|6bit|8bit|bf16; torch: none|int8")
+    say.add_argument("--ref-audio", type=Path, help="reference recording for voice cloning (Base models)")
+    say.add_argument("--ref-text", help="transcript of --ref-audio")
+    say.set_defaults(func=cmd_say)
+
+    for name in EXTENSIONS:
+        if importlib.util.find_spec(name) is None:
+            continue
+        importlib.import_module(name).add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "file", None) and not getattr(args, "config", None):
+        args.config = args.file
+    started = time.monotonic()
+    try:
+        code: int = args.func(args)
+    except DaemonError as exc:
+        print(f"s2s-daemon: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return EXIT_FAILURE
+    log.debug("command_done", command=args.command, seconds=round(time.monotonic() - started, 3))
+    return code

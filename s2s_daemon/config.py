@@ -1,0 +1,243 @@
+"""The YAML configuration: every key validated, unknown keys rejected, frozen."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from s2s_daemon.errors import ConfigError
+
+ENV_PREFIX = "S2S_"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TlsConfig(Section):
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure: bool = False
+    """Skip the server certificate's host name check (testing only)."""
+
+
+class MqttConfig(Section):
+    broker: Literal["external", "embedded"] = "external"
+    host: str = "127.0.0.1"
+    port: int = Field(1883, ge=1, le=65535)
+    username: str | None = None
+    password_file: Path | None = None
+    tls: TlsConfig | None = None
+    topic_prefix: str = Field("s2s", min_length=1)
+    shared_group: str | None = None
+    hermes: bool = False
+    qos: Literal[0, 1, 2] = 1
+    client_id: str | None = None
+    """Defaults to ``s2s-<site_id>``; a stable id keeps the persistent session."""
+    session_expiry_s: int = Field(3600, ge=0)
+    """How long the broker keeps our session (and queued requests) while we are away."""
+    keepalive_s: int = Field(30, ge=5)
+    reconnect_max_s: float = Field(30.0, gt=0)
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _prefix_is_plain(cls, value: str) -> str:
+        if any(c in value for c in "+#") or value.startswith("/") or value.endswith("/"):
+            raise ValueError("must not contain + or # or start/end with /")
+        return value
+
+    @field_validator("shared_group")
+    @classmethod
+    def _group_is_plain(cls, value: str | None) -> str | None:
+        if value is not None and (not value or any(c in value for c in "/+#")):
+            raise ValueError("must be a non-empty name without / + #")
+        return value
+
+    @model_validator(mode="after")
+    def _tls_and_password(self) -> MqttConfig:
+        if self.password_file is not None and self.username is None:
+            raise ValueError("password_file needs username")
+        return self
+
+
+class TorchEngineConfig(Section):
+    device: str = "auto"
+    """``auto`` (cuda, then mps, then cpu), ``cpu``, ``cuda``, ``cuda:1``, ``mps``."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"] = "auto"
+    quantization: Literal["none", "int8"] = "none"
+    """Weight-only int8 linears (CPU)."""
+
+
+class MlxEngineConfig(Section):
+    quantization: Literal["4bit", "6bit", "8bit", "bf16"] = "6bit"
+
+
+class TtsConfig(Section):
+    engine: str = "torch"
+    model: str = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
+    """Hub id or local folder in the official layout."""
+    revision: str | None = None
+    voice: str | None = "Ryan"
+    language: str = "auto"
+    chunk_frames: int = Field(4, ge=1, le=50)
+    """Codec frames (80 ms each) per streamed chunk."""
+    max_text_chars: int = Field(2000, ge=1, le=100_000)
+    warmup: bool = True
+    torch: TorchEngineConfig = TorchEngineConfig()
+    mlx: MlxEngineConfig = MlxEngineConfig()
+    options: dict[str, str] = Field(default_factory=dict)
+    """Backend-specific extras passed to the engine unchanged."""
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_known(cls, value: str) -> str:
+        from s2s_daemon.tts.registry import engine_names
+
+        if value not in engine_names():
+            raise ValueError(f"must be one of {', '.join(engine_names())}")
+        return value
+
+
+class QueueConfig(Section):
+    max_pending: int = Field(32, ge=1, le=100_000)
+    dedup_window: int = Field(4096, ge=16)
+    """How many recent request ids are remembered for de-duplication."""
+
+
+class AudioConfig(Section):
+    sink: Literal["auto", "speaker", "wav", "discard"] = "auto"
+    device: str | int | None = None
+    """Output device name (substring) or index; None is the system default."""
+    wav_dir: Path | None = None
+    latency_ms: float = Field(80.0, ge=5, le=2000)
+    """Audio buffered before playback starts."""
+
+    @model_validator(mode="after")
+    def _wav_needs_dir(self) -> AudioConfig:
+        if self.sink == "wav" and self.wav_dir is None:
+            raise ValueError("sink 'wav' needs audio.wav_dir")
+        return self
+
+
+class VadConfig(Section):
+    enabled: bool = False
+    device: str | int | None = None
+    aggressiveness: int = Field(2, ge=0, le=3)
+    frame_ms: Literal[10, 20, 30] = 20
+    policy: Literal["ignore", "wait", "interrupt"] = "ignore"
+    start_ms: int = Field(60, ge=10)
+    """Voiced audio needed before speech counts as started."""
+    stop_ms: int = Field(400, ge=20)
+    """Silence needed before speech counts as stopped."""
+    max_wait_s: float = Field(10.0, gt=0)
+    """Policy ``wait``: longest hold of the next utterance."""
+
+
+class TelemetryConfig(Section):
+    memory_interval_s: float = Field(10.0, gt=0)
+
+
+class LogConfig(Section):
+    format: Literal["auto", "json", "console"] = "auto"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class ShutdownConfig(Section):
+    drain_timeout_s: float = Field(10.0, ge=0)
+
+
+class DaemonConfig(Section):
+    site_id: str = Field("default", min_length=1)
+    mqtt: MqttConfig = MqttConfig()
+    tts: TtsConfig = TtsConfig()
+    queue: QueueConfig = QueueConfig()
+    audio: AudioConfig = AudioConfig()
+    vad: VadConfig = VadConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    log: LogConfig = LogConfig()
+    shutdown: ShutdownConfig = ShutdownConfig()
+
+    @field_validator("site_id")
+    @classmethod
+    def _site_is_plain(cls, value: str) -> str:
+        if any(c in value for c in "/+#") or value == "pool":
+            raise ValueError("must not contain / + # and must not be 'pool'")
+        return value
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``S2S_TTS__ENGINE=mlx`` -> ``{"tts": {"engine": "mlx"}}``; values parse as YAML scalars."""
+    tree: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == "S2S_CONFIG":
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__") if part]
+        if not path:
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw != "" else None
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"environment {name}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return tree
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _format_error(source: str, exc: ValidationError) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"  {key}: {message}")
+    return "\n".join(lines)
+
+
+def load_config(path: Path | None = None, environ: Mapping[str, str] | None = None) -> DaemonConfig:
+    """Read YAML (or defaults when ``path`` is None), apply ``S2S_`` overrides, validate."""
+    environ = os.environ if environ is None else environ
+    data: Any = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read configuration {path}: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"configuration {path} is not UTF-8: {exc}") from exc
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"configuration {path} is not valid YAML: {exc}") from exc
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"configuration {path}: the top level must be a mapping, not {type(data).__name__}")
+    merged = _merge(data, _env_overrides(environ))
+    try:
+        return DaemonConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(source, exc)) from exc

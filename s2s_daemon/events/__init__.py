@@ -1,0 +1,1 @@
+"""Outgoing events: request lifecycle, state, latency and memory telemetry."""

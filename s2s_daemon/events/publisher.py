@@ -1,0 +1,198 @@
+"""Turns job transitions into the MQTT contract's events (and the Hermes bridge's)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+import structlog
+
+from s2s_daemon.intake.mqtt import OutMessage
+from s2s_daemon.intake.topics import HERMES_ERROR, HERMES_SAY_FINISHED, Topics, hermes_vad
+from s2s_daemon.pipeline.jobs import Job
+from s2s_daemon.pipeline.messages import Status
+from s2s_daemon.tts.engine import EngineInfo
+
+log = structlog.get_logger(__name__)
+
+STATE_MIN_INTERVAL_S = 0.05
+"""The retained state topic is published at most this often (latest state wins)."""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _ms(later: float | None, earlier: float | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return round((later - earlier) * 1000.0, 1)
+
+
+def dumps(payload: dict[str, object]) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def finished_payload(job: Job) -> dict[str, object]:
+    req = job.request
+    tl = job.timeline
+    audio_ms = tl.played_ms if tl.played_ms is not None else tl.audio_s * 1000.0
+    payload: dict[str, object] = {
+        "id": req.id,
+        "siteId": req.site_id,
+        "sessionId": req.session_id,
+        "status": str(job.status),
+        "ts": now_ms(),
+        "audioMs": round(audio_ms, 1),
+    }
+    if job.error is not None:
+        payload["error"] = {"code": str(job.error.code), "message": job.error.message}
+    return payload
+
+
+def latency_payload(job: Job, info: EngineInfo) -> dict[str, object]:
+    req = job.request
+    tl = job.timeline
+    synth_ms = _ms(tl.synth_done, tl.synth_started)
+    audio_ms = round(tl.audio_s * 1000.0, 1)
+    return {
+        "id": req.id,
+        "siteId": req.site_id,
+        "engine": info.engine,
+        "model": info.model,
+        "queuedMs": _ms(tl.dequeued, tl.received),
+        "ttfaMs": _ms(tl.first_chunk, tl.received),
+        "firstAudioOutMs": _ms(tl.first_sample_out, tl.received),
+        "synthMs": synth_ms,
+        "audioMs": audio_ms,
+        "rtf": round(synth_ms / audio_ms, 4) if synth_ms is not None and audio_ms > 0 else None,
+        "e2eMs": _ms(tl.last_sample_played, tl.received),
+        "chunks": tl.chunks,
+        "underruns": tl.underruns,
+    }
+
+
+class MqttEvents:
+    """The daemon's ``JobEvents``: publishes through the link's outbox, never blocks."""
+
+    def __init__(
+        self,
+        publish: Callable[[OutMessage], None],
+        topics: Topics,
+        info: EngineInfo,
+        qos: int,
+        hermes: bool,
+        state: Callable[[], tuple[str, str | None, int]],
+        on_utterance_end: Callable[[], None],
+    ) -> None:
+        self._publish = publish
+        self.topics = topics
+        self.info = info
+        self.qos = qos
+        self.hermes = hermes
+        self._state = state
+        """Returns (state, current id, queue length)."""
+        self._on_utterance_end = on_utterance_end
+        self._state_dirty = asyncio.Event()
+        self._last_state: tuple[str, str | None, int] | None = None
+
+    def _send(self, topic: str, payload: dict[str, object], qos: int | None = None, retain: bool = False) -> None:
+        self._publish(OutMessage(topic, dumps(payload), self.qos if qos is None else qos, retain))
+
+    # -- JobEvents ---------------------------------------------------------------------
+
+    def started(self, job: Job) -> None:
+        req = job.request
+        self._send(
+            self.topics.started,
+            {
+                "id": req.id,
+                "siteId": req.site_id,
+                "sessionId": req.session_id,
+                "ts": now_ms(),
+                "queuedMs": _ms(job.timeline.dequeued, job.timeline.received),
+            },
+        )
+
+    def finished(self, job: Job) -> None:
+        payload = finished_payload(job)
+        log.info("request_finished", request_id=job.request.id, status=payload["status"], error=payload.get("error"))
+        self._send(self.topics.finished, payload)
+        reply = job.request.reply_to
+        if reply is not None:
+            self._publish(OutMessage(reply.topic, dumps(payload), self.qos, False, reply.correlation_data or b""))
+        if job.request.origin == "hermes":
+            self._hermes_finished(job)
+        if job.timeline.synth_started is not None:
+            self._send(self.topics.latency, latency_payload(job, self.info), qos=0)
+            self._on_utterance_end()
+
+    def state_changed(self) -> None:
+        self._state_dirty.set()
+
+    # -- Hermes ------------------------------------------------------------------------
+
+    def _hermes_finished(self, job: Job) -> None:
+        req = job.request
+        ids = {"id": req.id, "siteId": req.site_id, "sessionId": req.session_id}
+        if job.status is Status.COMPLETED or job.status is Status.INTERRUPTED:
+            self._send(HERMES_SAY_FINISHED, ids)
+            return
+        message = job.error.message if job.error is not None else str(job.status)
+        self._send(HERMES_ERROR, {"error": message, "context": "tts", "siteId": req.site_id, "sessionId": req.session_id})
+        self._send(HERMES_SAY_FINISHED, ids)
+
+    # -- other events ------------------------------------------------------------------
+
+    def vad(self, speaking: bool, signal_ms: float) -> None:
+        payload: dict[str, object] = {"siteId": self.topics.site_id, "ts": now_ms(), "signalMs": round(signal_ms, 1)}
+        self._send(self.topics.speech_started if speaking else self.topics.speech_stopped, payload, qos=0)
+        if self.hermes:
+            self._send(hermes_vad(self.topics.site_id, speaking), {"siteId": self.topics.site_id, "signalMs": round(signal_ms, 1)}, qos=0)
+
+    def memory(self, payload: dict[str, object]) -> None:
+        self._send(self.topics.memory, payload, qos=0)
+
+    def state_message(self) -> OutMessage:
+        return self._state_out(self._state())
+
+    def _state_out(self, snapshot: tuple[str, str | None, int]) -> OutMessage:
+        state, current, queued = snapshot
+        payload = {"state": state, "queue": queued, "currentId": current, "ts": now_ms()}
+        return OutMessage(self.topics.state, dumps(payload), 1, True)
+
+    def info_message(self) -> OutMessage:
+        info = self.info
+        payload = {
+            "version": _version(),
+            "siteId": self.topics.site_id,
+            "engine": info.engine,
+            "model": info.model,
+            "device": info.device,
+            "voices": list(info.voices),
+            "languages": list(info.languages),
+            "sampleRate": info.sample_rate,
+        }
+        return OutMessage(self.topics.info, dumps(payload), 1, True)
+
+    def status_message(self, online: bool) -> OutMessage:
+        return OutMessage(self.topics.status, b"online" if online else b"offline", 1, True)
+
+    async def run_state(self) -> None:
+        """Publish the retained state whenever it changed, coalescing bursts."""
+        while True:
+            await self._state_dirty.wait()
+            self._state_dirty.clear()
+            snapshot = self._state()
+            if snapshot != self._last_state:
+                self._last_state = snapshot
+                self._publish(self._state_out(snapshot))
+            await asyncio.sleep(STATE_MIN_INTERVAL_S)
+
+
+def _version() -> str:
+    from s2s_daemon import __version__
+
+    return __version__

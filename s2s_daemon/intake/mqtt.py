@@ -1,0 +1,263 @@
+"""The broker connection: subscribe, receive, publish through a bounded outbox, reconnect.
+
+Persistent session (a stable client id, ``clean_start=False`` and a session expiry on
+MQTT v5, ``clean_session=False`` on 3.1.1) so QoS 1 requests published while we are
+away are delivered when we come back. Events wait in the outbox while disconnected and
+a publish is only taken off the outbox once the broker acknowledged it (at least once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiomqtt
+import structlog
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from s2s_daemon.config import MqttConfig
+from s2s_daemon.errors import ConfigError
+from s2s_daemon.intake.topics import HERMES_SAY, Topics
+from s2s_daemon.pipeline.channel import Channel, Overflow
+from s2s_daemon.pipeline.messages import ReplyTo
+
+log = structlog.get_logger(__name__)
+
+OUTBOX_SIZE = 10_000
+"""Events held while disconnected; past that the oldest are dropped and counted."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutMessage:
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool = False
+    correlation_data: bytes | None = None
+    """MQTT v5 Correlation Data echoed on a response topic."""
+
+
+@dataclass(frozen=True, slots=True)
+class InMessage:
+    topic: str
+    payload: bytes
+    reply_to: ReplyTo | None
+    received_at: float
+    """Monotonic seconds when the message came off the socket."""
+
+
+def _reply_to(message: aiomqtt.Message) -> ReplyTo | None:
+    props = message.properties
+    if props is None:
+        return None
+    topic = getattr(props, "ResponseTopic", None)
+    if not topic:
+        return None
+    data = getattr(props, "CorrelationData", None)
+    return ReplyTo(str(topic), bytes(data) if data is not None else None)
+
+
+def _payload_bytes(payload: object) -> bytes:
+    if isinstance(payload, bytes | bytearray):
+        return bytes(payload)
+    if isinstance(payload, str):
+        return payload.encode()
+    if payload is None:
+        return b""
+    return str(payload).encode()
+
+
+class MqttLink:
+    """Owns the client. ``run()`` connects, reconnects with jittered backoff, and stops on ``close()``."""
+
+    def __init__(
+        self,
+        config: MqttConfig,
+        topics: Topics,
+        client_id: str,
+        on_message: Callable[[InMessage], None],
+        on_connect: Callable[[], list[OutMessage]],
+    ) -> None:
+        self.config = config
+        self.topics = topics
+        self.client_id = client_id
+        self.on_message = on_message
+        self.on_connect = on_connect
+        """Returns the retained messages (status, info, state) to publish on every connect."""
+        self.outbox: Channel[OutMessage] = Channel(OUTBOX_SIZE, Overflow.DROP_OLDEST, "outbox")
+        self.connected = asyncio.Event()
+        self.protocol: aiomqtt.ProtocolVersion | None = None
+        """The protocol the broker accepted (v5 preferred, 3.1.1 fallback)."""
+        self._closing = asyncio.Event()
+        self._closed = asyncio.Event()
+        self._password: str | None = None
+
+    # -- publishing --------------------------------------------------------------------
+
+    def publish(self, message: OutMessage) -> None:
+        """Queue an event; never blocks. Dropped (counted) only past OUTBOX_SIZE."""
+        before = self.outbox.dropped
+        self.outbox.put_nowait(message)
+        if self.outbox.dropped != before:
+            log.warning("outbox_overflow", dropped=self.outbox.dropped)
+
+    # -- connection --------------------------------------------------------------------
+
+    def _tls(self) -> ssl.SSLContext | None:
+        tls = self.config.tls
+        if tls is None:
+            return None
+        try:
+            context = ssl.create_default_context(cafile=str(tls.ca_file) if tls.ca_file else None)
+            if tls.cert_file is not None:
+                context.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"mqtt.tls: {exc}") from exc
+        if tls.insecure:
+            context.check_hostname = False
+        return context
+
+    def _read_password(self) -> str | None:
+        if self.config.password_file is None:
+            return None
+        try:
+            return self.config.password_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"mqtt.password_file: cannot read {self.config.password_file}: {exc}") from exc
+
+    def prepare(self) -> None:
+        """Read secrets and TLS files once at startup (config errors surface before running)."""
+        self._password = self._read_password()
+        self._tls_context = self._tls()
+
+    def _client(self, protocol: aiomqtt.ProtocolVersion) -> aiomqtt.Client:
+        cfg = self.config
+        will = aiomqtt.Will(self.topics.status, b"offline", qos=1, retain=True)
+        kwargs: dict[str, object] = {}
+        if protocol is aiomqtt.ProtocolVersion.V5:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = cfg.session_expiry_s
+            kwargs.update(clean_start=False, properties=props)
+        else:
+            kwargs.update(clean_session=False)
+        return aiomqtt.Client(
+            cfg.host,
+            cfg.port,
+            username=cfg.username,
+            password=self._password,
+            identifier=self.client_id,
+            protocol=protocol,
+            will=will,
+            keepalive=cfg.keepalive_s,
+            timeout=10,
+            tls_context=self._tls_context,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def _subscriptions(self) -> list[str]:
+        subs = [self.topics.say, self.topics.stop]
+        if self.topics.pool_subscription is not None:
+            subs.append(self.topics.pool_subscription)
+        if self.config.hermes:
+            subs.append(HERMES_SAY)
+        return subs
+
+    async def run(self) -> None:
+        """Connect and serve until ``close()``; transient broker failures are retried forever."""
+        try:
+            await self._connect_loop()
+        finally:
+            self.connected.clear()
+            self._closed.set()
+
+    async def _connect_loop(self) -> None:
+        attempt = 0
+        protocols = [aiomqtt.ProtocolVersion.V5, aiomqtt.ProtocolVersion.V311]
+        while not self._closing.is_set():
+            protocol = self.protocol or protocols[attempt % 2 if self.protocol is None else 0]
+            try:
+                async with self._client(protocol) as client:
+                    self.protocol = protocol
+                    attempt = 0
+                    await self._serve(client)
+                    return
+            except aiomqtt.MqttError as exc:
+                self.connected.clear()
+                if self._closing.is_set():
+                    return
+                attempt += 1
+                if self.protocol is None and attempt == 1:
+                    # A 3.1.1-only broker refuses v5: try 3.1.1 straight away.
+                    log.info("mqtt_protocol_fallback", error=str(exc))
+                    continue
+                delay = min(self.config.reconnect_max_s, 0.25 * 2 ** min(attempt, 8)) * random.uniform(0.5, 1.0)
+                log.warning("mqtt_disconnected", error=str(exc), retry_in_s=round(delay, 2), attempt=attempt)
+                try:
+                    await asyncio.wait_for(self._closing.wait(), delay)
+                except TimeoutError:
+                    pass
+
+    async def _serve(self, client: aiomqtt.Client) -> None:
+        for topic in self._subscriptions():
+            await client.subscribe(topic, qos=self.config.qos)
+        for message in self.on_connect():
+            await client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain)
+        self.connected.set()
+        log.info("mqtt_connected", host=self.config.host, port=self.config.port, protocol=self.protocol.name if self.protocol else None)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                receiver = tg.create_task(self._receive(client), name="s2s.mqtt.receive")
+                await self._pump(client)
+                receiver.cancel()
+        except* aiomqtt.MqttError as group:
+            raise group.exceptions[0] from None
+        finally:
+            self.connected.clear()
+
+    async def _receive(self, client: aiomqtt.Client) -> None:
+        loop = asyncio.get_running_loop()
+        async for message in client.messages:
+            self.on_message(InMessage(message.topic.value, _payload_bytes(message.payload), _reply_to(message), loop.time()))
+
+    async def _pump(self, client: aiomqtt.Client) -> None:
+        """Publish the outbox until closing; on close, flush it and return."""
+        while True:
+            if self._closing.is_set() and len(self.outbox) == 0:
+                return
+            get = asyncio.ensure_future(self.outbox.get())
+            closing = asyncio.ensure_future(self._closing.wait())
+            try:
+                await asyncio.wait({get, closing}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closing.cancel()
+                if not get.done():
+                    get.cancel()
+            if not get.done() or get.cancelled():
+                continue
+            message = get.result()
+            try:
+                await self._send(client, message)
+            except aiomqtt.MqttError:
+                self.outbox.put_front_nowait(message)
+                raise
+
+    async def _send(self, client: aiomqtt.Client, message: OutMessage) -> None:
+        props = None
+        if message.correlation_data is not None and self.protocol is aiomqtt.ProtocolVersion.V5:
+            props = Properties(PacketTypes.PUBLISH)
+            props.CorrelationData = message.correlation_data
+        await client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain, properties=props)
+
+    async def close(self, last: list[OutMessage], timeout_s: float = 5.0) -> None:
+        """Flush the outbox, publish ``last`` (e.g. retained offline), then disconnect."""
+        for message in last:
+            self.publish(message)
+        self._closing.set()
+        try:
+            await asyncio.wait_for(self._closed.wait(), timeout_s)
+        except TimeoutError:
+            log.warning("mqtt_flush_timeout", pending=len(self.outbox))

@@ -1,0 +1,199 @@
+"""Payload schemas at the MQTT edge: parse, validate, and classify bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from s2s_daemon.pipeline.messages import ErrorCode, ReplyTo, RequestError, SayRequest
+from s2s_daemon.tts.engine import EngineError
+from s2s_daemon.tts.text import match_voice, normalize_language
+
+MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
+"""Larger payloads are refused before decoding."""
+MAX_ID_CHARS = 200
+
+
+def _id_to_str(value: object) -> object:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+RequestId = Annotated[StrictStr, BeforeValidator(_id_to_str), Field(min_length=1, max_length=MAX_ID_CHARS)]
+
+
+class SayPayload(BaseModel):
+    """``<p>/<site>/tts/say`` JSON (camelCase, as in Hermes). Unknown keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    id: RequestId | None = None
+    text: StrictStr
+    voice: StrictStr | None = None
+    language: StrictStr | None = None
+    lang: StrictStr | None = None
+    """Hermes spelling of ``language``."""
+    instruct: StrictStr | None = None
+    sessionId: StrictStr | None = None  # noqa: N815  (wire name)
+    siteId: StrictStr | None = None  # noqa: N815
+    priority: StrictInt = Field(0, ge=-1000, le=1000)
+    interrupt: StrictBool = False
+    ttlMs: StrictInt | None = Field(None, ge=0)  # noqa: N815
+    volume: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+
+
+class StopPayload(BaseModel):
+    """``<p>/<site>/tts/stop``: ``{}``, ``{"id": X}`` or ``{"all": true}``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: RequestId | None = None
+    all: StrictBool = False
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeRules:
+    """What a say request is checked against."""
+
+    site_id: str
+    max_text_chars: int
+    voices: tuple[str, ...]
+    languages: tuple[str, ...]
+    default_voice: str | None
+    default_language: str
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A say request, and the error that rejects it (None when it is good)."""
+
+    request: SayRequest
+    error: RequestError | None
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _peek_fields(data: object) -> tuple[str | None, str | None]:
+    """Best-effort id and sessionId from an invalid payload, so the rejection is addressable."""
+    if not isinstance(data, dict):
+        return None, None
+    rid = data.get("id")
+    sid = data.get("sessionId")
+    rid_s = str(rid)[:MAX_ID_CHARS] if isinstance(rid, str | int) and not isinstance(rid, bool) and str(rid) else None
+    return rid_s, sid if isinstance(sid, str) else None
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        key = ".".join(str(p) for p in err["loc"]) or "payload"
+        parts.append(f"{key}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def decode_json_object(payload: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """``(object, None)`` or ``(None, why)``; also accepts an empty payload as ``{}``."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        return None, f"payload of {len(payload)} bytes is larger than {MAX_PAYLOAD_BYTES}"
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"payload is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+    if not text.strip():
+        return {}, None
+    try:
+        data = json.loads(text, parse_constant=lambda c: math.nan)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        return None, f"payload is not valid JSON: {exc}"
+    if not isinstance(data, dict):
+        return None, f"payload must be a JSON object, not {type(data).__name__}"
+    return data, None
+
+
+def parse_say(
+    payload: bytes,
+    rules: IntakeRules,
+    *,
+    origin: str = "mqtt",
+    reply_to: ReplyTo | None = None,
+    received_at: float | None = None,
+) -> Parsed:
+    """Turn a say payload (JSON object or plain UTF-8 text) into a request or a rejection."""
+    received = time.monotonic() if received_at is None else received_at
+
+    def rejected(code: ErrorCode, message: str, rid: str | None = None, session: str | None = None) -> Parsed:
+        request = SayRequest(
+            id=rid or new_request_id(),
+            text="",
+            voice=None,
+            language="auto",
+            site_id=rules.site_id,
+            session_id=session,
+            received_at=received,
+            origin=origin,
+            reply_to=reply_to,
+        )
+        return Parsed(request, RequestError(code, message))
+
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        return rejected(ErrorCode.BAD_PAYLOAD, f"payload of {len(payload)} bytes is larger than {MAX_PAYLOAD_BYTES}")
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return rejected(ErrorCode.BAD_PAYLOAD, f"payload is not valid UTF-8 ({exc.reason} at byte {exc.start})")
+    text = text.removeprefix("\ufeff")
+    if text.lstrip().startswith("{"):
+        data, why = decode_json_object(payload.removeprefix(b"\xef\xbb\xbf"))
+        if data is None:
+            return rejected(ErrorCode.BAD_PAYLOAD, why or "bad payload")
+        rid, session = _peek_fields(data)
+        try:
+            say = SayPayload.model_validate(data)
+        except ValidationError as exc:
+            return rejected(ErrorCode.BAD_PAYLOAD, _describe(exc), rid, session)
+    else:
+        say = SayPayload(text=text)
+        rid, session = None, None
+
+    rid = say.id or new_request_id()
+    session = say.sessionId
+    if "\x00" in say.text:
+        return rejected(ErrorCode.BAD_PAYLOAD, "text contains NUL characters", rid, session)
+    spoken = say.text.strip()
+    if not spoken:
+        return rejected(ErrorCode.EMPTY_TEXT, "text is empty", rid, session)
+    if len(spoken) > rules.max_text_chars:
+        return rejected(
+            ErrorCode.TEXT_TOO_LONG, f"text has {len(spoken)} characters; the limit is {rules.max_text_chars}", rid, session
+        )
+    try:
+        language = normalize_language(say.language or say.lang or rules.default_language, rules.languages)
+        voice = match_voice(say.voice, rules.voices, rules.default_voice)
+    except EngineError as exc:
+        return rejected(ErrorCode.parse(exc.code, ErrorCode.BAD_PAYLOAD), str(exc), rid, session)
+    request = SayRequest(
+        id=rid,
+        text=spoken,
+        voice=voice,
+        language=language,
+        site_id=rules.site_id,
+        instruct=say.instruct.strip() if say.instruct and say.instruct.strip() else None,
+        session_id=session,
+        priority=say.priority,
+        interrupt=say.interrupt,
+        ttl_ms=say.ttlMs,
+        volume=say.volume,
+        received_at=received,
+        origin=origin,
+        reply_to=reply_to,
+    )
+    return Parsed(request, None)

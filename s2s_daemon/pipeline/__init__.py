@@ -1,0 +1,1 @@
+"""Pipeline plumbing: bounded channels, messages, cancellation."""

@@ -1,0 +1,131 @@
+"""Typed messages that travel between stages. Times are ``time.monotonic()`` seconds."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from s2s_daemon.pipeline.channel import Channel
+from s2s_daemon.tts.engine import Samples
+
+
+class Status(enum.StrEnum):
+    """``status`` of ``tts/finished``."""
+
+    COMPLETED = "completed"
+    INTERRUPTED = "interrupted"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    REJECTED = "rejected"
+    ERROR = "error"
+
+
+class ErrorCode(enum.StrEnum):
+    """``error.code`` of a rejected or failed request."""
+
+    BAD_PAYLOAD = "bad_payload"
+    EMPTY_TEXT = "empty_text"
+    TEXT_TOO_LONG = "text_too_long"
+    UNKNOWN_VOICE = "unknown_voice"
+    UNSUPPORTED_LANGUAGE = "unsupported_language"
+    QUEUE_FULL = "queue_full"
+    DUPLICATE = "duplicate"
+    SHUTTING_DOWN = "shutting_down"
+    ENGINE_ERROR = "engine_error"
+    AUDIO_ERROR = "audio_error"
+
+    @classmethod
+    def parse(cls, code: str, default: ErrorCode | None = None) -> ErrorCode:
+        """The member for ``code``; ``default`` (engine_error) for codes outside the contract."""
+        try:
+            return cls(code)
+        except ValueError:
+            return default or cls.ENGINE_ERROR
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyTo:
+    """MQTT v5 response routing carried by a request."""
+
+    topic: str
+    correlation_data: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class SayRequest:
+    """A validated say request."""
+
+    id: str
+    text: str
+    voice: str | None
+    """Canonical preset speaker, or None for the engine's default."""
+    language: str
+    """Canonical language name."""
+    site_id: str
+    instruct: str | None = None
+    session_id: str | None = None
+    priority: int = 0
+    """Higher is served first."""
+    interrupt: bool = False
+    """Stop the current utterance and be served next."""
+    ttl_ms: int | None = None
+    """Milliseconds after receipt after which it expires unspoken."""
+    volume: float = 1.0
+    """Linear gain, 0..2."""
+    received_at: float = field(default_factory=time.monotonic)
+    """Monotonic seconds at receipt."""
+    origin: str = "mqtt"
+    """``mqtt``, ``pool``, ``hermes`` or ``cli``."""
+    reply_to: ReplyTo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestError:
+    """Why a request was rejected or failed."""
+
+    code: ErrorCode
+    message: str
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Monotonic timestamps (seconds) of one request, filled in as it moves."""
+
+    received: float
+    dequeued: float | None = None
+    synth_started: float | None = None
+    first_chunk: float | None = None
+    synth_done: float | None = None
+    first_sample_out: float | None = None
+    last_sample_played: float | None = None
+    chunks: int = 0
+    audio_s: float = 0.0
+    """Seconds of audio synthesized."""
+    underruns: int = 0
+    played_ms: float | None = None
+    """Milliseconds of audio the sink reported as played."""
+
+
+@dataclass(frozen=True, slots=True)
+class Utterance:
+    """One request's audio on its way to the sink; the chunk channel closes at its end."""
+
+    request: SayRequest
+    sample_rate: int
+    """Hertz of the chunks."""
+    chunks: Channel[Samples]
+
+
+@dataclass(frozen=True, slots=True)
+class PlaybackReport:
+    """What a sink observed while playing one utterance."""
+
+    first_sample_at: float | None
+    """Monotonic seconds when the first sample was handed to the device."""
+    last_sample_at: float | None
+    """Monotonic seconds when the last sample finished playing."""
+    audio_ms: float
+    """Milliseconds of audio played."""
+    underruns: int = 0
+    """Callbacks that found the buffer empty mid-utterance."""

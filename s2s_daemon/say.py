@@ -1,0 +1,108 @@
+"""``s2s-daemon say``: one utterance through the daemon's engine, stages and sink, no broker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+import structlog
+
+from s2s_daemon.app import load_engine
+from s2s_daemon.audio.playback import PlaybackStage
+from s2s_daemon.audio.sink import AudioDeviceError, AudioSink, WavSink
+from s2s_daemon.config import DaemonConfig
+from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, UnavailableError
+from s2s_daemon.events.publisher import latency_payload
+from s2s_daemon.intake.schemas import IntakeRules, parse_say
+from s2s_daemon.pipeline.channel import Channel, Overflow
+from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.messages import Status, Utterance
+from s2s_daemon.pipeline.queue import RequestQueue
+from s2s_daemon.tts.engine import SynthesisRequest
+from s2s_daemon.tts.stage import TtsStage
+
+log = structlog.get_logger(__name__)
+
+
+class LogEvents:
+    """``JobEvents`` for the command line: log lines instead of MQTT."""
+
+    def __init__(self) -> None:
+        self.finished_job: Job | None = None
+
+    def started(self, job: Job) -> None:
+        log.info("audio_started", request_id=job.request.id)
+
+    def finished(self, job: Job) -> None:
+        self.finished_job = job
+        log.info(
+            "request_finished",
+            request_id=job.request.id,
+            status=str(job.status),
+            error=job.error.message if job.error else None,
+        )
+
+    def state_changed(self) -> None:
+        return None
+
+
+async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
+    worker, info = await load_engine(config)
+    sink: AudioSink
+    try:
+        if args.out is not None:
+            out: Path = args.out
+            sink = WavSink(out.parent if str(out.parent) else Path("."), out.name)
+        else:
+            from s2s_daemon.audio.select import make_sink
+
+            sink = make_sink(config.audio)
+        try:
+            await sink.open()
+        except AudioDeviceError as exc:
+            raise UnavailableError(f"audio: {exc}") from exc
+        events = LogEvents()
+        requests = RequestQueue(1)
+        dispatcher = Dispatcher(requests, events, 16)
+        rules = IntakeRules(
+            site_id=config.site_id,
+            max_text_chars=config.tts.max_text_chars,
+            voices=info.voices,
+            languages=info.languages,
+            default_voice=config.tts.voice,
+            default_language=config.tts.language,
+        )
+        import json
+
+        payload = {"text": args.text, "voice": args.voice, "language": args.language, "instruct": args.instruct}
+        parsed = parse_say(json.dumps({k: v for k, v in payload.items() if v is not None}).encode(), rules, origin="cli")
+        if parsed.error is not None:
+            log.error("request_rejected", code=str(parsed.error.code), reason=parsed.error.message)
+            return EXIT_FAILURE
+        template = SynthesisRequest(
+            text="",
+            voice=None,
+            language="auto",
+            seed=args.seed,
+            greedy=args.greedy,
+            ref_audio=str(args.ref_audio) if args.ref_audio else None,
+            ref_text=args.ref_text,
+        )
+        utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
+        tts = TtsStage(worker, info, requests, utterances, dispatcher, config.tts.chunk_frames, template=template)
+        playback = PlaybackStage(sink, utterances, dispatcher)
+        dispatcher.submit(parsed.request)
+        requests.close()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(tts.run(), name="s2s.tts")
+            tg.create_task(playback.run(), name="s2s.playback")
+        job = events.finished_job
+        if job is None:
+            return EXIT_FAILURE
+        log.info("latency", **latency_payload(job, info))
+        if args.out is not None and job.status is Status.COMPLETED:
+            print(f"wrote {args.out} ({job.timeline.audio_s:.2f} s of audio)")
+        return EXIT_OK if job.status is Status.COMPLETED else EXIT_FAILURE
+    finally:
+        await worker.close()

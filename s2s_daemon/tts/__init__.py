@@ -1,0 +1,1 @@
+"""Text-to-speech: the engine protocol, registry, worker thread and stage."""

@@ -1,0 +1,132 @@
+"""The engine protocol every TTS backend implements.
+
+An engine is driven from exactly one worker thread (see ``EngineWorker``): every
+method here that ends in ``_blocking`` runs on that thread and nowhere else, so an
+engine may keep thread-affine state (MLX streams, CUDA graphs) without locks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+Samples = npt.NDArray[np.float32]
+"""Mono float32 PCM in [-1, 1]."""
+
+ShouldStop = Callable[[], bool]
+"""Polled by the engine between frames; True means stop generating now."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What a loaded engine can do; published on ``<p>/<site>/info``."""
+
+    engine: str
+    """Registry name: ``torch`` or ``mlx``."""
+    model: str
+    """Hub id or local folder the weights came from."""
+    device: str
+    """Where inference runs: ``cuda:0``, ``cpu``, ``mps``, ``metal``..."""
+    sample_rate: int
+    """Hertz of the samples the engine yields."""
+    voices: tuple[str, ...] = ()
+    """Preset speakers; empty when the model has none (VoiceDesign, Base)."""
+    languages: tuple[str, ...] = ("auto",)
+    """Canonical language names the model accepts (``auto`` first)."""
+    dtype: str = ""
+    """Weight format actually used: ``float32``, ``bfloat16``, ``int8``, ``4bit``..."""
+    mode: str = "custom_voice"
+    """``custom_voice``, ``voice_design`` or ``base`` (voice clone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisRequest:
+    """One utterance for the engine; text and voice are already validated."""
+
+    text: str
+    voice: str | None
+    """Preset speaker (canonical spelling from ``EngineInfo.voices``) or None."""
+    language: str
+    """Canonical language name from ``EngineInfo.languages``."""
+    instruct: str | None = None
+    chunk_frames: int = 4
+    """Codec frames per yielded chunk (12.5 frames per second)."""
+    seed: int | None = None
+    greedy: bool = False
+    ref_audio: str | None = None
+    """Path of a reference recording for voice cloning (Base models)."""
+    ref_text: str | None = None
+    """Transcript of ``ref_audio``; None means speaker-embedding-only cloning."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """Accelerator memory as the framework counts it."""
+
+    kind: str
+    """``cuda``, ``mps``, ``mlx`` or ``none``."""
+    allocated_mib: float = 0.0
+    """Currently held, mebibytes."""
+    peak_mib: float = 0.0
+    """High-water mark since start, mebibytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """Engine construction options taken from the ``tts`` config section."""
+
+    model: str
+    device: str = "auto"
+    dtype: str = "auto"
+    quantization: str = "6bit"
+    """MLX: ``4bit``, ``6bit``, ``8bit`` or ``bf16``; torch: ``none`` or ``int8``."""
+    revision: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+    """Backend-specific knobs (test engines use this for speed)."""
+
+
+class EngineError(Exception):
+    """A failure inside the engine; ``code`` is the MQTT error code."""
+
+    code = "engine_error"
+
+
+class UnknownVoiceError(EngineError):
+    code = "unknown_voice"
+
+
+class UnsupportedLanguageError(EngineError):
+    code = "unsupported_language"
+
+
+class CheckpointError(EngineError):
+    """A checkpoint is missing, partial, corrupt or of the wrong model type."""
+
+
+@runtime_checkable
+class TtsEngine(Protocol):
+    """A streaming text-to-speech backend. Constructors do no I/O."""
+
+    def load_blocking(self) -> EngineInfo:
+        """Load weights (downloading if allowed) and return what the model offers."""
+        ...
+
+    def warmup_blocking(self) -> None:
+        """Run a short synthesis so the first real request pays no compile cost."""
+        ...
+
+    def synthesize_blocking(self, request: SynthesisRequest, should_stop: ShouldStop) -> Iterator[Samples]:
+        """Yield audio chunk by chunk; check ``should_stop`` between frames."""
+        ...
+
+    def memory_blocking(self) -> DeviceMemory:
+        """Accelerator memory counters; ``DeviceMemory("none")`` on a plain CPU."""
+        ...
+
+    def close_blocking(self) -> None:
+        """Release weights and device memory."""
+        ...

@@ -1,0 +1,73 @@
+"""Lazy engine registry: a backend's heavy imports happen only when it is chosen."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from s2s_daemon.errors import UnavailableError
+from s2s_daemon.tts.engine import EngineOptions, TtsEngine
+
+EngineFactory = Callable[[EngineOptions], TtsEngine]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """Where an engine lives and what must be installed for it."""
+
+    target: str
+    """``module:Class`` imported on first use."""
+    extra: str
+    """The pip extra that provides its dependencies."""
+    requires: tuple[str, ...]
+    """Top-level modules that must import for the engine to work."""
+
+
+_BUILTIN: dict[str, EngineSpec] = {
+    "torch": EngineSpec("s2s_daemon.tts.torch_qwen3:TorchQwen3Engine", "torch", ("torch", "safetensors", "transformers")),
+    "mlx": EngineSpec("s2s_daemon.tts.mlx_qwen3:MlxQwen3Engine", "mlx", ("mlx", "mlx_audio")),
+}
+_REGISTERED: dict[str, EngineFactory] = {}
+
+
+def register_engine(name: str, factory: EngineFactory) -> None:
+    """Make an extra engine available in this process (tests, plugins)."""
+    _REGISTERED[name] = factory
+
+
+def engine_names() -> tuple[str, ...]:
+    return tuple(_BUILTIN) + tuple(n for n in _REGISTERED if n not in _BUILTIN)
+
+
+def _check_requirements(name: str, spec: EngineSpec) -> None:
+    for module in spec.requires:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            msg = (
+                f"engine {name!r} needs the {module!r} package, which is not installed: "
+                f"pip install 's2s-daemon[{spec.extra}]' ({exc})"
+            )
+            raise UnavailableError(msg) from exc
+
+
+def create_engine(name: str, options: EngineOptions) -> TtsEngine:
+    """Build (not load) the engine ``name``; a missing extra raises UnavailableError."""
+    if name in _REGISTERED:
+        return _REGISTERED[name](options)
+    spec = _BUILTIN.get(name)
+    if spec is None:
+        msg = f"unknown engine {name!r}; choose one of {', '.join(engine_names())}"
+        raise UnavailableError(msg)
+    _check_requirements(name, spec)
+    module_name, _, attr = spec.target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            msg = f"engine {name!r} is not part of this build of s2s-daemon ({module_name} missing)"
+            raise UnavailableError(msg) from exc
+        raise
+    factory: EngineFactory = getattr(module, attr)
+    return factory(options)

@@ -1,0 +1,109 @@
+"""The TTS stage: takes requests in order, streams the engine's chunks to the sink."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+
+import numpy as np
+import structlog
+
+from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
+from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.messages import ErrorCode, Utterance
+from s2s_daemon.pipeline.queue import RequestQueue
+from s2s_daemon.tts.engine import EngineError, EngineInfo, SynthesisRequest
+from s2s_daemon.tts.worker import EngineWorker
+
+log = structlog.get_logger(__name__)
+
+CHUNK_BUFFER = 64
+"""Chunks one utterance may hold ahead of playback before synthesis waits (back-pressure)."""
+
+
+class TtsStage:
+    """Owns synthesis. Runs one request at a time on the engine's worker thread."""
+
+    def __init__(
+        self,
+        worker: EngineWorker,
+        info: EngineInfo,
+        requests: RequestQueue,
+        utterances: Channel[Utterance],
+        dispatcher: Dispatcher,
+        chunk_frames: int,
+        gate: Callable[[], asyncio.Future[None] | None] | None = None,
+        template: SynthesisRequest | None = None,
+    ) -> None:
+        self.worker = worker
+        self.info = info
+        self.requests = requests
+        self.utterances = utterances
+        self.dispatcher = dispatcher
+        self.chunk_frames = chunk_frames
+        self.gate = gate
+        self.template = template or SynthesisRequest(text="", voice=None, language="auto")
+        """Fixed synthesis settings (seed, greedy, reference audio) applied to every request."""
+        """Returns an awaitable to hold the next utterance (VAD policy ``wait``), or None."""
+
+    async def run(self) -> None:
+        try:
+            while True:
+                try:
+                    request = await self.requests.get()
+                except ChannelClosed:
+                    return
+                if self.gate is not None and (hold := self.gate()) is not None:
+                    await hold
+                job = self.dispatcher.take(request)
+                if job is None:
+                    continue
+                with structlog.contextvars.bound_contextvars(request_id=request.id):
+                    await self._synthesize(job)
+        finally:
+            self.utterances.close()
+
+    async def _synthesize(self, job: Job) -> None:
+        request = job.request
+        chunks: Channel[np.ndarray] = Channel(CHUNK_BUFFER, Overflow.BLOCK, f"chunks.{request.id}")
+        utterance = Utterance(request, self.info.sample_rate, chunks)
+        try:
+            await self.utterances.put(utterance)
+        except ChannelClosed:
+            self.dispatcher.complete(job)
+            return
+        timeline = job.timeline
+        synth = dataclasses.replace(
+            self.template,
+            text=request.text,
+            voice=request.voice,
+            language=request.language,
+            instruct=request.instruct,
+            chunk_frames=self.chunk_frames,
+        )
+        timeline.synth_started = time.monotonic()
+        log.debug("synthesis_started", chars=len(request.text))
+        try:
+            async for chunk in self.worker.stream(synth, job.should_stop):
+                if job.cancelled:
+                    break
+                if timeline.first_chunk is None:
+                    timeline.first_chunk = time.monotonic()
+                timeline.chunks += 1
+                timeline.audio_s += len(chunk) / self.info.sample_rate
+                try:
+                    await chunks.put(chunk)
+                except ChannelClosed:  # playback ended early (stop, device error)
+                    break
+        except EngineError as exc:
+            log.warning("synthesis_failed", code=exc.code, error=str(exc))
+            self.dispatcher.fail(job, ErrorCode.parse(exc.code), str(exc))
+        except (RuntimeError, ValueError, MemoryError, OSError) as exc:
+            # Backend failures surface as these from torch/mlx/numpy: per-request, not fatal.
+            log.exception("synthesis_crashed")
+            self.dispatcher.fail(job, ErrorCode.ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
+        finally:
+            timeline.synth_done = time.monotonic()
+            chunks.close()

@@ -1,0 +1,93 @@
+"""The engine's one worker thread, bridged to asyncio one chunk at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TypeVar
+
+from s2s_daemon.tts.engine import DeviceMemory, EngineInfo, Samples, SynthesisRequest, TtsEngine
+
+T = TypeVar("T")
+
+
+class Generation:
+    """A cancel scope: bumping the counter stops whatever was started under an older value.
+
+    Read from the engine thread without a lock: an int read is atomic in CPython.
+    """
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def bump(self) -> int:
+        self.value += 1
+        return self.value
+
+    def stopper(self) -> Callable[[], bool]:
+        started = self.value
+        return lambda: self.value != started
+
+
+class EngineWorker:
+    """Owns the engine and the single thread every engine call runs on."""
+
+    def __init__(self, engine: TtsEngine) -> None:
+        self.engine = engine
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="s2s.engine")
+        self._thread_ident: int | None = None
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, fn)
+
+    async def load(self) -> EngineInfo:
+        def load_blocking() -> EngineInfo:
+            self._thread_ident = threading.get_ident()
+            return self.engine.load_blocking()
+
+        return await self._call(load_blocking)
+
+    async def warmup(self) -> None:
+        await self._call(self.engine.warmup_blocking)
+
+    async def memory(self) -> DeviceMemory:
+        return await self._call(self.engine.memory_blocking)
+
+    async def stream(self, request: SynthesisRequest, should_stop: Callable[[], bool]) -> AsyncIterator[Samples]:
+        """Yield chunks as the engine produces them; stops pulling once ``should_stop()``.
+
+        The generator object is created, advanced and closed on the engine thread.
+        """
+        holder: list[Iterator[Samples]] = []
+
+        def start_blocking() -> None:
+            holder.append(iter(self.engine.synthesize_blocking(request, should_stop)))
+
+        def next_blocking() -> Samples | None:
+            return next(holder[0], None)
+
+        def close_blocking() -> None:
+            gen = holder[0]
+            close = getattr(gen, "close", None)
+            if close is not None:
+                close()
+
+        await self._call(start_blocking)
+        try:
+            while not should_stop():
+                chunk = await self._call(next_blocking)
+                if chunk is None:
+                    return
+                yield chunk
+        finally:
+            # Shielded so a cancelled consumer still releases the generator on its own thread.
+            await asyncio.shield(self._call(close_blocking))
+
+    async def close(self) -> None:
+        try:
+            await self._call(self.engine.close_blocking)
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,96 @@
+"""Run the daemon in-process (stage/MQTT tests) or as a real subprocess (lifecycle tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from s2s_daemon.app import Daemon
+from s2s_daemon.config import DaemonConfig, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_config(path: Path, port: int, **sections: Any) -> Path:
+    """A daemon config on ``port`` with the tone engine and the discard sink, merged with ``sections``."""
+    data: dict[str, Any] = {
+        "site_id": "kitchen",
+        "mqtt": {"port": port},
+        "tts": {"engine": "tone", "options": {"speed": "0"}, "warmup": False},
+        "audio": {"sink": "discard"},
+        "log": {"format": "json", "level": "info"},
+        "shutdown": {"drain_timeout_s": 5},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            merged = dict(data[key])
+            for k, v in value.items():
+                if isinstance(v, dict) and isinstance(merged.get(k), dict):
+                    merged[k] = {**merged[k], **v}
+                else:
+                    merged[k] = v
+            data[key] = merged
+        else:
+            data[key] = value
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def daemon_in_process(config_path: Path) -> AsyncIterator[Daemon]:
+    config: DaemonConfig = load_config(config_path, environ={})
+    daemon = Daemon(config)
+    task = asyncio.create_task(daemon.run(), name="test.daemon")
+    try:
+        yield daemon
+    finally:
+        daemon.request_stop()
+        code = await asyncio.wait_for(task, 30)
+        assert code == 0
+
+
+class DaemonProcess:
+    def __init__(self, config_path: Path, env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
+        self.config_path = config_path
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.env["PYTHONPATH"] = str(REPO) + os.pathsep + self.env.get("PYTHONPATH", "")
+        self.log_path = log_path or config_path.with_suffix(".log")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *args: str) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.support.tone_daemon", *(args or ("run", "-c", str(self.config_path)))],
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    async def wait(self, timeout_s: float) -> int:
+        assert self.proc is not None
+        async with asyncio.timeout(timeout_s):
+            while self.proc.poll() is None:
+                await asyncio.sleep(0.02)
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

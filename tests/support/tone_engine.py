@@ -1,0 +1,84 @@
+"""A deterministic test engine: a tone whose length follows the text, streamed in chunks.
+
+Never reachable from a shipped config: only processes that call ``register()`` know it.
+Options (``tts.options``): ``speed`` = multiple of real time (0 = as fast as possible),
+``ms_per_char`` = audio per character, ``load_s`` = simulated load time.
+A text containing ``#fail`` raises inside synthesis (an engine error).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from s2s_daemon.tts.engine import (
+    DeviceMemory,
+    EngineError,
+    EngineInfo,
+    EngineOptions,
+    Samples,
+    ShouldStop,
+    SynthesisRequest,
+)
+from s2s_daemon.tts.registry import register_engine
+
+SAMPLE_RATE = 24_000
+FRAME_SAMPLES = 1920
+"""One 12.5 Hz codec frame."""
+
+
+class ToneEngine:
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.speed = float(options.extra.get("speed", "0"))
+        self.ms_per_char = float(options.extra.get("ms_per_char", "40"))
+        self.load_s = float(options.extra.get("load_s", "0"))
+
+    def load_blocking(self) -> EngineInfo:
+        time.sleep(self.load_s)
+        return EngineInfo(
+            engine="tone",
+            model=self.options.model,
+            device="cpu",
+            sample_rate=SAMPLE_RATE,
+            voices=("Ryan", "Vivian"),
+            languages=("auto", "english", "chinese", "german"),
+            dtype="float32",
+        )
+
+    def warmup_blocking(self) -> None:
+        return None
+
+    def synthesize_blocking(self, request: SynthesisRequest, should_stop: ShouldStop) -> Iterator[Samples]:
+        if "#fail" in request.text:
+            raise EngineError("tone engine asked to fail")
+        total_frames = max(1, round(len(request.text) * self.ms_per_char / 80.0))
+        freq = 440.0 if request.voice != "Vivian" else 660.0
+        chunk_frames = request.chunk_frames
+        start = time.monotonic()
+        frame = 0
+        while frame < total_frames:
+            if should_stop():
+                return
+            n = min(chunk_frames, total_frames - frame)
+            t = (np.arange(n * FRAME_SAMPLES) + frame * FRAME_SAMPLES) / SAMPLE_RATE
+            chunk = (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+            frame += n
+            if self.speed > 0:
+                due = start + frame * 0.08 / self.speed
+                delay = due - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            yield chunk
+
+    def memory_blocking(self) -> DeviceMemory:
+        return DeviceMemory("none")
+
+    def close_blocking(self) -> None:
+        return None
+
+
+def register() -> None:
+    register_engine("tone", ToneEngine)

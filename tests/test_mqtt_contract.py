@@ -1,0 +1,257 @@
+"""The MQTT contract against a real mosquitto, with the daemon running in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.support.broker import Mosquitto
+from tests.support.daemon import daemon_in_process, write_config
+from tests.support.mqtt import Recorder, recorder
+
+SAY = "s2s/kitchen/tts/say"
+STOP = "s2s/kitchen/tts/stop"
+
+
+async def online(rec: Recorder) -> None:
+    await rec.wait_for(lambda: any(m.payload == b"online" for m in rec.on("/status")))
+
+
+def cfg(tmp_path: Path, broker: Mosquitto, **sections: Any) -> Path:
+    return write_config(tmp_path / "daemon.yaml", broker.port, **sections)
+
+
+async def test_say_started_finished_latency_memory(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto)):
+        await online(rec)
+        await rec.say(SAY, {"id": "r1", "text": "Hello kitchen", "sessionId": "s-1", "voice": "vivian"})
+        await rec.say(SAY, "plain text is a say request too")
+        done = await rec.wait_for(lambda: len(rec.finished()) == 2 and rec.on("/metrics/memory"))
+        assert done
+        fin = rec.finished()
+        assert fin["r1"]["status"] == "completed"
+        assert fin["r1"]["sessionId"] == "s-1"
+        assert fin["r1"]["siteId"] == "kitchen"
+        assert fin["r1"]["audioMs"] > 0
+        plain = next(p for i, p in fin.items() if i != "r1")
+        assert plain["status"] == "completed" and len(plain["id"]) == 32
+        started = rec.payloads("/tts/started")
+        assert [s["id"] for s in started][0] == "r1"
+        assert started[0]["sessionId"] == "s-1" and started[0]["queuedMs"] >= 0
+        # started comes before finished for the same id
+        order = [(m.topic.rsplit("/", 1)[1], m.json()["id"]) for m in rec.messages if m.topic.endswith(("started", "finished"))]
+        assert order.index(("started", "r1")) < order.index(("finished", "r1"))
+        lat = next(p for p in rec.payloads("/metrics/latency") if p["id"] == "r1")
+        assert lat["engine"] == "tone" and lat["chunks"] >= 1
+        assert 0 <= lat["ttfaMs"] <= lat["firstAudioOutMs"] <= lat["e2eMs"]
+        assert lat["audioMs"] == pytest.approx(fin["r1"]["audioMs"], rel=0.01)
+        mem = rec.payloads("/metrics/memory")[0]
+        assert mem["rssMiB"] > 10 and mem["peakRssMiB"] >= mem["rssMiB"] and mem["deviceKind"] == "none"
+
+
+async def test_retained_status_info_state(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    async with daemon_in_process(cfg(tmp_path, mosquitto)):
+        async with recorder(mosquitto.port) as warm:
+            await online(warm)
+        async with recorder(mosquitto.port) as rec:  # joins later: sees retained messages
+            await rec.wait_for(lambda: rec.on("/status") and rec.on("/info") and rec.on("/state"))
+            assert all(m.retain for m in rec.on("/status") + rec.on("/info") + rec.on("/state"))
+            info = rec.payloads("/info")[0]
+            assert info["engine"] == "tone" and info["voices"] == ["Ryan", "Vivian"] and info["sampleRate"] == 24000
+            assert info["siteId"] == "kitchen" and info["version"]
+            assert rec.payloads("/state")[-1]["state"] == "idle"
+    async with recorder(mosquitto.port) as after:
+        await after.wait_for(lambda: after.on("/status"))
+        assert after.on("/status")[-1].payload == b"offline"
+
+
+async def test_stop_current_one_and_all(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    slow = {"tts": {"options": {"speed": "1", "ms_per_char": "100"}}}
+    async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto, **slow)):
+        await online(rec)
+        long_text = "a long sentence that takes a few seconds to speak at real time"
+        for i in range(5):
+            await rec.say(SAY, {"id": f"q{i}", "text": long_text})
+        await rec.wait_for(lambda: any(p["id"] == "q0" for p in rec.payloads("/tts/started")))
+        await rec.client.publish(STOP, b"{}", qos=1)  # stop the current utterance
+        await rec.wait_finished(["q0"])
+        await rec.client.publish(STOP, b'{"id": "q3"}', qos=1)  # cancel a queued one
+        await rec.wait_finished(["q3"])
+        await rec.wait_for(lambda: any(p["id"] == "q1" for p in rec.payloads("/tts/started")))
+        await rec.client.publish(STOP, b'{"all": true}', qos=1)
+        fin = await rec.wait_finished(["q0", "q1", "q2", "q3", "q4"])
+        assert fin["q0"]["status"] == "interrupted"
+        assert fin["q3"]["status"] == "cancelled"
+        assert fin["q1"]["status"] == "interrupted"
+        assert fin["q2"]["status"] in {"cancelled", "interrupted"}  # may be synthesizing ahead
+        assert fin["q4"]["status"] == "cancelled"
+        assert fin["q0"]["audioMs"] < 5000
+        # the daemon is still serving
+        await rec.say(SAY, {"id": "after", "text": "ok"})
+        assert (await rec.wait_finished(["after"]))["after"]["status"] == "completed"
+
+
+async def test_dedup_expiry_priority_interrupt(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    slow = {"tts": {"options": {"speed": "1", "ms_per_char": "40"}}}
+    async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto, **slow)):
+        await online(rec)
+        await rec.say(SAY, {"id": "busy", "text": "keeps the speaker busy for about two seconds...."})
+        await rec.wait_for(lambda: rec.payloads("/tts/started"))
+        await rec.say(SAY, {"id": "busy", "text": "same id again"})
+        await rec.say(SAY, {"id": "stale", "text": "too late", "ttlMs": 50})
+        await rec.say(SAY, {"id": "low", "text": "low", "priority": 0})
+        await rec.say(SAY, {"id": "high", "text": "high", "priority": 5})
+        fin = await rec.wait_finished(["busy", "stale", "low", "high"], timeout_s=20)
+        assert fin["busy"]["status"] == "completed"
+        assert fin["stale"]["status"] == "expired"
+        started = [p["id"] for p in rec.payloads("/tts/started")]
+        assert started.index("high") < started.index("low")
+        dups = [p for p in rec.payloads("/tts/finished") if p.get("error", {}).get("code") == "duplicate"]
+        assert [(d["id"], d["status"]) for d in dups] == [("busy", "rejected")]
+
+    # interrupt: a new request stops the current one and is served next
+    async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto, **slow)):
+        await online(rec)
+        await rec.say(SAY, {"id": "first", "text": "a long first sentence that will be cut short"})
+        await rec.say(SAY, {"id": "queued", "text": "waits its turn"})
+        await rec.wait_for(lambda: rec.payloads("/tts/started"))
+        await rec.say(SAY, {"id": "urgent", "text": "urgent", "interrupt": True, "priority": -5})
+        fin = await rec.wait_finished(["first", "queued", "urgent"], timeout_s=20)
+        assert fin["first"]["status"] == "interrupted"
+        started = [p["id"] for p in rec.payloads("/tts/started")]
+        assert started.index("urgent") < started.index("queued")
+
+
+async def test_response_topic_and_correlation(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    async with recorder(mosquitto.port, subscribe=("s2s/#", "client/replies/#")) as rec, daemon_in_process(cfg(tmp_path, mosquitto)):
+        await online(rec)
+        props = Properties(PacketTypes.PUBLISH)
+        props.ResponseTopic = "client/replies/42"
+        props.CorrelationData = b"\x00corr-7"
+        await rec.say(SAY, {"id": "rr", "text": "reply to me"}, properties=props)
+        await rec.wait_for(lambda: rec.on("client/replies/42"))
+        reply = rec.on("client/replies/42")[0]
+        assert reply.json()["id"] == "rr" and reply.json()["status"] == "completed"
+        assert reply.properties.CorrelationData == b"\x00corr-7"
+
+
+async def test_hermes_round_trip(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    config = cfg(tmp_path, mosquitto, mqtt={"hermes": True})
+    async with recorder(mosquitto.port, subscribe=("s2s/#", "hermes/#")) as rec, daemon_in_process(config):
+        await online(rec)
+        await rec.say("hermes/tts/say", {"text": "for another site", "id": "h0", "siteId": "garage"})
+        await rec.say("hermes/tts/say", {"text": "hello hermes", "lang": "en", "id": "h1", "siteId": "kitchen", "sessionId": "hs"})
+        await rec.say("hermes/tts/say", {"text": "", "id": "h2", "siteId": "kitchen", "sessionId": "hs"})
+        await rec.wait_for(lambda: len(rec.payloads("hermes/tts/sayFinished")) >= 2)
+        done = {p["id"]: p for p in rec.payloads("hermes/tts/sayFinished")}
+        assert done["h1"] == {"id": "h1", "siteId": "kitchen", "sessionId": "hs"}
+        assert "h2" in done and "h0" not in done
+        err = rec.payloads("hermes/error/tts")
+        assert len(err) == 1 and err[0]["siteId"] == "kitchen" and err[0]["sessionId"] == "hs"
+        assert rec.finished()["h1"]["status"] == "completed"
+
+
+BAD_INPUTS: list[tuple[str, bytes, str]] = [
+    ("malformed_json", b'{"text": "unterminated', "bad_payload"),
+    ("json_array", b'{"text": ["a"]}', "bad_payload"),
+    ("wrong_type_priority", b'{"text": "hi", "priority": "high"}', "bad_payload"),
+    ("wrong_type_volume", b'{"text": "hi", "volume": 7}', "bad_payload"),
+    ("empty_text", b'{"text": ""}', "empty_text"),
+    ("whitespace_text", b'{"text": "  \\n\\t "}', "empty_text"),
+    ("empty_payload", b"", "empty_text"),
+    ("too_long", ('{"text": "' + "x" * 2001 + '"}').encode(), "text_too_long"),
+    ("invalid_utf8", b"\xff\xfe\xfa hello", "bad_payload"),
+    ("binary_garbage", bytes(range(256)) * 4, "bad_payload"),
+    ("one_megabyte", b"a" * (1024 * 1024), "text_too_long"),
+    ("unknown_voice", b'{"text": "hi", "voice": "Nobody"}', "unknown_voice"),
+    ("unsupported_language", b'{"text": "hi", "language": "klingon"}', "unsupported_language"),
+]
+
+
+@pytest.mark.parametrize(("name", "payload", "code"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+async def test_bad_input_is_rejected_then_next_is_served(
+    tmp_path: Path, mosquitto: Mosquitto, name: str, payload: bytes, code: str
+) -> None:
+    async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto)):
+        await online(rec)
+        await rec.client.publish(SAY, payload, qos=1)
+        await rec.say(SAY, {"id": "good", "text": "the next good request"})
+        await rec.wait_for(lambda: len(rec.finished()) == 2)
+        fin = rec.finished()
+        assert fin.pop("good")["status"] == "completed"
+        (bad,) = fin.values()
+        assert bad["status"] == "rejected", name
+        assert bad["error"]["code"] == code, bad
+        assert bad["error"]["message"]
+
+
+async def test_bad_input_keeps_its_id(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto)):
+        await online(rec)
+        await rec.say(SAY, {"id": 17, "text": 5, "sessionId": "s"})
+        fin = await rec.wait_finished(["17"])
+        assert fin["17"]["error"]["code"] == "bad_payload" and fin["17"]["sessionId"] == "s"
+
+
+async def test_queue_full(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    config = cfg(tmp_path, mosquitto, queue={"max_pending": 2}, tts={"options": {"speed": "1"}})
+    async with recorder(mosquitto.port) as rec, daemon_in_process(config):
+        await online(rec)
+        ids = [f"f{i}" for i in range(8)]
+        for i in ids:
+            await rec.say(SAY, {"id": i, "text": "a sentence of some length"})
+        fin = await rec.wait_finished(ids, timeout_s=30)
+        codes = [fin[i].get("error", {}).get("code") for i in ids]
+        assert codes.count("queue_full") >= 3
+        assert [fin[i]["status"] for i in ids].count("completed") >= 3
+        await rec.say(SAY, {"id": "later", "text": "served after the burst"})
+        assert (await rec.wait_finished(["later"]))["later"]["status"] == "completed"
+
+
+async def test_engine_error_is_reported_and_daemon_continues(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto)):
+        await online(rec)
+        await rec.say(SAY, {"id": "boom", "text": "please #fail now"})
+        await rec.say(SAY, {"id": "fine", "text": "and then this"})
+        fin = await rec.wait_finished(["boom", "fine"])
+        assert fin["boom"]["status"] == "error" and fin["boom"]["error"]["code"] == "engine_error"
+        assert fin["fine"]["status"] == "completed"
+
+
+async def test_shared_subscription_pool(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    a = write_config(tmp_path / "a.yaml", mosquitto.port, site_id="a", mqtt={"shared_group": "speakers"})
+    b = write_config(tmp_path / "b.yaml", mosquitto.port, site_id="b", mqtt={"shared_group": "speakers"})
+    async with recorder(mosquitto.port) as rec, daemon_in_process(a), daemon_in_process(b):
+        await rec.wait_for(lambda: len([m for m in rec.on("/status") if m.payload == b"online"]) == 2)
+        ids = [f"p{i}" for i in range(20)]
+        for i in ids:
+            await rec.say("s2s/pool/tts/say", {"id": i, "text": "pooled"})
+        await rec.wait_for(lambda: all(i in {p["id"] for p in rec.payloads("/tts/finished")} for i in ids), 20)
+        per_site: dict[str, list[str]] = {"a": [], "b": []}
+        for m in rec.on("/tts/finished"):
+            per_site[m.topic.split("/")[1]].append(m.json()["id"])
+        assert sorted(per_site["a"] + per_site["b"]) == sorted(ids)  # each exactly once
+        assert per_site["a"] and per_site["b"]  # both daemons took work
+
+
+# amqtt leaves client transports to the garbage collector after shutdown.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+async def test_embedded_broker_speaks_311(tmp_path: Path) -> None:
+    from tests.support.broker import free_port
+
+    port = free_port()
+    config = write_config(tmp_path / "e.yaml", port, mqtt={"broker": "embedded"})
+    async with daemon_in_process(config):
+        await asyncio.sleep(0.5)
+        async with recorder(port, v5=False) as rec:
+            await rec.wait_for(lambda: rec.on("/status"))
+            await rec.say(SAY, {"id": "e1", "text": "embedded"})
+            assert (await rec.wait_finished(["e1"]))["e1"]["status"] == "completed"
+    gc.collect()
