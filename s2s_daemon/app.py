@@ -41,6 +41,7 @@ CLOSE_TIMEOUT_S = 5.0
 
 def engine_options(config: DaemonConfig) -> EngineOptions:
     tts = config.tts
+    quantization: str
     if tts.engine == "mlx":
         quantization = tts.mlx.quantization
     elif tts.engine == "torch":
@@ -268,8 +269,10 @@ class Daemon:
     async def _memory_loop(self, worker: EngineWorker, events: MqttEvents) -> None:
         interval = self.config.telemetry.memory_interval_s
         while True:
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._memory_now.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self._memory_now.wait()
             self._memory_now.clear()
             device = await worker.memory()
             events.memory(memory_payload(self.config.site_id, now_ms(), device))
@@ -303,4 +306,5 @@ class VadGate:
 
     async def _wait(self) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._quiet.wait(), self.max_wait_s)
+            async with asyncio.timeout(self.max_wait_s):
+                await self._quiet.wait()

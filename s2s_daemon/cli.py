@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import importlib.util
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -75,7 +75,9 @@ def cmd_say(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="s2s-daemon", description="Real-time voice output daemon (MQTT -> Qwen3-TTS -> speaker).")
+    parser = argparse.ArgumentParser(
+        prog="s2s-daemon", description="Real-time voice output daemon (MQTT -> Qwen3-TTS -> speaker)."
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -118,11 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    configure_logging("auto", "warning")  # stderr; commands that need more reconfigure
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "file", None) and not getattr(args, "config", None):
         args.config = args.file
-    started = time.monotonic()
     try:
         code: int = args.func(args)
     except DaemonError as exc:
@@ -130,5 +132,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_FAILURE
-    log.debug("command_done", command=args.command, seconds=round(time.monotonic() - started, 3))
     return code

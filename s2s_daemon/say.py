@@ -76,7 +76,9 @@ async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
         import json
 
         payload = {"text": args.text, "voice": args.voice, "language": args.language, "instruct": args.instruct}
-        parsed = parse_say(json.dumps({k: v for k, v in payload.items() if v is not None}).encode(), rules, origin="cli")
+        parsed = parse_say(
+            json.dumps({k: v for k, v in payload.items() if v is not None}).encode(), rules, origin="cli"
+        )
         if parsed.error is not None:
             log.error("request_rejected", code=str(parsed.error.code), reason=parsed.error.message)
             return EXIT_FAILURE

@@ -23,7 +23,6 @@ def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
 
 @pytest.fixture
 def persistent_mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
-    tmp_path.chmod(0o755)
     broker = Mosquitto(tmp_path, persistence=True)
     broker.start()
     try:

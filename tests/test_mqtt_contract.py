@@ -42,10 +42,14 @@ async def test_say_started_finished_latency_memory(tmp_path: Path, mosquitto: Mo
         plain = next(p for i, p in fin.items() if i != "r1")
         assert plain["status"] == "completed" and len(plain["id"]) == 32
         started = rec.payloads("/tts/started")
-        assert [s["id"] for s in started][0] == "r1"
+        assert started[0]["id"] == "r1"
         assert started[0]["sessionId"] == "s-1" and started[0]["queuedMs"] >= 0
         # started comes before finished for the same id
-        order = [(m.topic.rsplit("/", 1)[1], m.json()["id"]) for m in rec.messages if m.topic.endswith(("started", "finished"))]
+        order = [
+            (m.topic.rsplit("/", 1)[1], m.json()["id"])
+            for m in rec.messages
+            if m.topic.endswith(("started", "finished"))
+        ]
         assert order.index(("started", "r1")) < order.index(("finished", "r1"))
         lat = next(p for p in rec.payloads("/metrics/latency") if p["id"] == "r1")
         assert lat["engine"] == "tone" and lat["chunks"] >= 1
@@ -129,7 +133,10 @@ async def test_dedup_expiry_priority_interrupt(tmp_path: Path, mosquitto: Mosqui
 
 
 async def test_response_topic_and_correlation(tmp_path: Path, mosquitto: Mosquitto) -> None:
-    async with recorder(mosquitto.port, subscribe=("s2s/#", "client/replies/#")) as rec, daemon_in_process(cfg(tmp_path, mosquitto)):
+    async with (
+        recorder(mosquitto.port, subscribe=("s2s/#", "client/replies/#")) as rec,
+        daemon_in_process(cfg(tmp_path, mosquitto)),
+    ):
         await online(rec)
         props = Properties(PacketTypes.PUBLISH)
         props.ResponseTopic = "client/replies/42"
@@ -146,7 +153,9 @@ async def test_hermes_round_trip(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with recorder(mosquitto.port, subscribe=("s2s/#", "hermes/#")) as rec, daemon_in_process(config):
         await online(rec)
         await rec.say("hermes/tts/say", {"text": "for another site", "id": "h0", "siteId": "garage"})
-        await rec.say("hermes/tts/say", {"text": "hello hermes", "lang": "en", "id": "h1", "siteId": "kitchen", "sessionId": "hs"})
+        await rec.say(
+            "hermes/tts/say", {"text": "hello hermes", "lang": "en", "id": "h1", "siteId": "kitchen", "sessionId": "hs"}
+        )
         await rec.say("hermes/tts/say", {"text": "", "id": "h2", "siteId": "kitchen", "sessionId": "hs"})
         await rec.wait_for(lambda: len(rec.payloads("hermes/tts/sayFinished")) >= 2)
         done = {p["id"]: p for p in rec.payloads("hermes/tts/sayFinished")}

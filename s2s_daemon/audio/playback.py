@@ -42,7 +42,7 @@ class PlaybackStage:
             self.sink.play(utterance, lambda at: dispatcher.first_sample(job, at)),
             name=f"s2s.playback.{utterance.request.id}",
         )
-        job.play_task = task  # type: ignore[assignment]
+        job.play_task = task
         try:
             await asyncio.wait({task})
         finally:

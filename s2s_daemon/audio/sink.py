@@ -43,7 +43,8 @@ class AudioSink(Protocol):
 def apply_volume(samples: Samples, volume: float) -> Samples:
     if volume == 1.0:
         return samples
-    return np.clip(samples * np.float32(volume), -1.0, 1.0).astype(np.float32, copy=False)
+    out: Samples = np.clip(samples * np.float32(volume), -1.0, 1.0).astype(np.float32, copy=False)
+    return out
 
 
 class DiscardSink:

@@ -136,12 +136,14 @@ class MqttEvents:
 
     def _hermes_finished(self, job: Job) -> None:
         req = job.request
-        ids = {"id": req.id, "siteId": req.site_id, "sessionId": req.session_id}
+        ids: dict[str, object] = {"id": req.id, "siteId": req.site_id, "sessionId": req.session_id}
         if job.status is Status.COMPLETED or job.status is Status.INTERRUPTED:
             self._send(HERMES_SAY_FINISHED, ids)
             return
         message = job.error.message if job.error is not None else str(job.status)
-        self._send(HERMES_ERROR, {"error": message, "context": "tts", "siteId": req.site_id, "sessionId": req.session_id})
+        self._send(
+            HERMES_ERROR, {"error": message, "context": "tts", "siteId": req.site_id, "sessionId": req.session_id}
+        )
         self._send(HERMES_SAY_FINISHED, ids)
 
     # -- other events ------------------------------------------------------------------
@@ -150,7 +152,11 @@ class MqttEvents:
         payload: dict[str, object] = {"siteId": self.topics.site_id, "ts": now_ms(), "signalMs": round(signal_ms, 1)}
         self._send(self.topics.speech_started if speaking else self.topics.speech_stopped, payload, qos=0)
         if self.hermes:
-            self._send(hermes_vad(self.topics.site_id, speaking), {"siteId": self.topics.site_id, "signalMs": round(signal_ms, 1)}, qos=0)
+            self._send(
+                hermes_vad(self.topics.site_id, speaking),
+                {"siteId": self.topics.site_id, "signalMs": round(signal_ms, 1)},
+                qos=0,
+            )
 
     def memory(self, payload: dict[str, object]) -> None:
         self._send(self.topics.memory, payload, qos=0)

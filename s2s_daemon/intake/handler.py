@@ -41,7 +41,12 @@ class MqttIntake:
         received = time.monotonic()
         parsed = parse_say(message.payload, self.rules, origin=origin, reply_to=message.reply_to, received_at=received)
         if parsed.error is not None:
-            log.info("request_rejected", request_id=parsed.request.id, code=str(parsed.error.code), reason=parsed.error.message)
+            log.info(
+                "request_rejected",
+                request_id=parsed.request.id,
+                code=str(parsed.error.code),
+                reason=parsed.error.message,
+            )
             self.dispatcher.reject(parsed.request, parsed.error.code, parsed.error.message)
         else:
             self.dispatcher.submit(parsed.request)

@@ -9,6 +9,7 @@ a publish is only taken off the outbox once the broker acknowledged it (at least
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import ssl
 from collections.abc import Callable
@@ -196,10 +197,9 @@ class MqttLink:
                     continue
                 delay = min(self.config.reconnect_max_s, 0.25 * 2 ** min(attempt, 8)) * random.uniform(0.5, 1.0)
                 log.warning("mqtt_disconnected", error=str(exc), retry_in_s=round(delay, 2), attempt=attempt)
-                try:
-                    await asyncio.wait_for(self._closing.wait(), delay)
-                except TimeoutError:
-                    pass
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._closing.wait()
 
     async def _serve(self, client: aiomqtt.Client) -> None:
         for topic in self._subscriptions():
@@ -207,7 +207,12 @@ class MqttLink:
         for message in self.on_connect():
             await client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain)
         self.connected.set()
-        log.info("mqtt_connected", host=self.config.host, port=self.config.port, protocol=self.protocol.name if self.protocol else None)
+        log.info(
+            "mqtt_connected",
+            host=self.config.host,
+            port=self.config.port,
+            protocol=self.protocol.name if self.protocol else None,
+        )
         try:
             async with asyncio.TaskGroup() as tg:
                 receiver = tg.create_task(self._receive(client), name="s2s.mqtt.receive")
@@ -221,7 +226,9 @@ class MqttLink:
     async def _receive(self, client: aiomqtt.Client) -> None:
         loop = asyncio.get_running_loop()
         async for message in client.messages:
-            self.on_message(InMessage(message.topic.value, _payload_bytes(message.payload), _reply_to(message), loop.time()))
+            self.on_message(
+                InMessage(message.topic.value, _payload_bytes(message.payload), _reply_to(message), loop.time())
+            )
 
     async def _pump(self, client: aiomqtt.Client) -> None:
         """Publish the outbox until closing; on close, flush it and return."""
@@ -258,6 +265,7 @@ class MqttLink:
             self.publish(message)
         self._closing.set()
         try:
-            await asyncio.wait_for(self._closed.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._closed.wait()
         except TimeoutError:
             log.warning("mqtt_flush_timeout", pending=len(self.outbox))

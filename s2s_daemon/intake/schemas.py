@@ -41,11 +41,11 @@ class SayPayload(BaseModel):
     lang: StrictStr | None = None
     """Hermes spelling of ``language``."""
     instruct: StrictStr | None = None
-    sessionId: StrictStr | None = None  # noqa: N815  (wire name)
-    siteId: StrictStr | None = None  # noqa: N815
+    sessionId: StrictStr | None = None
+    siteId: StrictStr | None = None
     priority: StrictInt = Field(0, ge=-1000, le=1000)
     interrupt: StrictBool = False
-    ttlMs: StrictInt | None = Field(None, ge=0)  # noqa: N815
+    ttlMs: StrictInt | None = Field(None, ge=0)
     volume: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
 
 
@@ -173,7 +173,10 @@ def parse_say(
         return rejected(ErrorCode.EMPTY_TEXT, "text is empty", rid, session)
     if len(spoken) > rules.max_text_chars:
         return rejected(
-            ErrorCode.TEXT_TOO_LONG, f"text has {len(spoken)} characters; the limit is {rules.max_text_chars}", rid, session
+            ErrorCode.TEXT_TOO_LONG,
+            f"text has {len(spoken)} characters; the limit is {rules.max_text_chars}",
+            rid,
+            session,
         )
     try:
         language = normalize_language(say.language or say.lang or rules.default_language, rules.languages)

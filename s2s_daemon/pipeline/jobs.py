@@ -7,7 +7,7 @@ import collections
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -37,7 +37,7 @@ class Job:
     error: RequestError | None = None
     cancelled: bool = False
     """Set once a stop reaches this job; polled by the engine thread between frames."""
-    play_task: asyncio.Task[object] | None = None
+    play_task: asyncio.Task[Any] | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def should_stop(self) -> bool:

@@ -25,7 +25,9 @@ class EngineSpec:
 
 
 _BUILTIN: dict[str, EngineSpec] = {
-    "torch": EngineSpec("s2s_daemon.tts.torch_qwen3:TorchQwen3Engine", "torch", ("torch", "safetensors", "transformers")),
+    "torch": EngineSpec(
+        "s2s_daemon.tts.torch_qwen3:TorchQwen3Engine", "torch", ("torch", "safetensors", "transformers")
+    ),
     "mlx": EngineSpec("s2s_daemon.tts.mlx_qwen3:MlxQwen3Engine", "mlx", ("mlx", "mlx_audio")),
 }
 _REGISTERED: dict[str, EngineFactory] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -38,10 +39,11 @@ class Mosquitto:
         self.port = free_port()
         self.host = "127.0.0.1"
         lines = [f"listener {self.port} 127.0.0.1", "allow_anonymous true", "max_queued_messages 100000"]
+        if os.geteuid() == 0:
+            lines.append("user root")  # as root mosquitto would drop to a user who cannot write tmp_path
         if persistence:
             data = workdir / "mosquitto-data"
-            data.mkdir(mode=0o777, exist_ok=True)
-            data.chmod(0o777)
+            data.mkdir(exist_ok=True)
             lines += ["persistence true", f"persistence_location {data}/", "autosave_interval 1"]
         else:
             lines.append("persistence false")

@@ -82,10 +82,8 @@ class DaemonProcess:
 
     async def wait(self, timeout_s: float) -> int:
         assert self.proc is not None
-        async with asyncio.timeout(timeout_s):
-            while self.proc.poll() is None:
-                await asyncio.sleep(0.02)
-        return self.proc.returncode
+        proc = self.proc
+        return await asyncio.wait_for(asyncio.to_thread(proc.wait), timeout_s)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
