@@ -8,6 +8,7 @@ import os
 import signal
 from typing import Any
 
+import aiomqtt
 import structlog
 
 from s2s_daemon.audio.playback import PlaybackStage
@@ -189,7 +190,15 @@ class Daemon:
         def on_connect() -> list[OutMessage]:
             return [events.status_message(True), events.info_message(), events.state_message()]
 
-        link = MqttLink(cfg.mqtt, self.topics, cfg.mqtt.client_id or f"s2s-{cfg.site_id}", intake.handle, on_connect)
+        link = MqttLink(
+            cfg.mqtt,
+            self.topics,
+            cfg.mqtt.client_id or f"s2s-{cfg.site_id}",
+            intake.handle,
+            on_connect,
+            # amqtt speaks 3.1.1 only and stalls on a v5 CONNECT instead of refusing it.
+            protocol=aiomqtt.ProtocolVersion.V311 if cfg.mqtt.broker == "embedded" else None,
+        )
         link.prepare()
 
         vad_gate = VadGate(cfg.vad.max_wait_s)

@@ -28,7 +28,8 @@ class TlsConfig(Section):
 
 
 class MqttConfig(Section):
-    broker: Literal["external", "embedded"] = "external"
+    broker: Literal["external", "embedded"] = "embedded"
+    """``embedded``: an in-process loopback broker for a first run; ``external``: mosquitto & co."""
     host: str = "127.0.0.1"
     port: int = Field(1883, ge=1, le=65535)
     username: str | None = None

@@ -21,8 +21,11 @@ class ProcessMemory:
     """Resident high-water mark since start, mebibytes."""
 
 
+_SELF = psutil.Process()
+
+
 def process_memory() -> ProcessMemory:
-    rss = psutil.Process().memory_info().rss / MIB
+    rss = _SELF.memory_info().rss / MIB
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes.
     peak = maxrss / MIB if sys.platform == "darwin" else maxrss / 1024.0

@@ -41,7 +41,7 @@ class MqttIntake:
         received = time.monotonic()
         parsed = parse_say(message.payload, self.rules, origin=origin, reply_to=message.reply_to, received_at=received)
         if parsed.error is not None:
-            log.info(
+            log.debug(
                 "request_rejected",
                 request_id=parsed.request.id,
                 code=str(parsed.error.code),

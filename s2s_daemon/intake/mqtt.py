@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ log = structlog.get_logger(__name__)
 
 OUTBOX_SIZE = 10_000
 """Events held while disconnected; past that the oldest are dropped and counted."""
+PUBLISH_WINDOW = 64
+"""Publishes awaiting the broker's acknowledgement at once (QoS 1 pipelining)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,7 @@ class MqttLink:
         client_id: str,
         on_message: Callable[[InMessage], None],
         on_connect: Callable[[], list[OutMessage]],
+        protocol: aiomqtt.ProtocolVersion | None = None,
     ) -> None:
         self.config = config
         self.topics = topics
@@ -91,8 +95,8 @@ class MqttLink:
         """Returns the retained messages (status, info, state) to publish on every connect."""
         self.outbox: Channel[OutMessage] = Channel(OUTBOX_SIZE, Overflow.DROP_OLDEST, "outbox")
         self.connected = asyncio.Event()
-        self.protocol: aiomqtt.ProtocolVersion | None = None
-        """The protocol the broker accepted (v5 preferred, 3.1.1 fallback)."""
+        self.protocol: aiomqtt.ProtocolVersion | None = protocol
+        """The protocol in use: fixed by the caller, or found on first connect (v5, then 3.1.1)."""
         self._closing = asyncio.Event()
         self._closed = asyncio.Event()
         self._password: str | None = None
@@ -156,6 +160,8 @@ class MqttLink:
             keepalive=cfg.keepalive_s,
             timeout=10,
             tls_context=self._tls_context,
+            # Small packets both ways: without TCP_NODELAY, Nagle and delayed ACKs cost ~40 ms.
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
             **kwargs,  # type: ignore[arg-type]
         )
 
@@ -230,27 +236,65 @@ class MqttLink:
                 InMessage(message.topic.value, _payload_bytes(message.payload), _reply_to(message), loop.time())
             )
 
+    async def _next(self) -> OutMessage | None:
+        """The next outbox message, or None once closing was requested."""
+        if len(self.outbox):
+            return self.outbox.get_nowait()
+        get = asyncio.ensure_future(self.outbox.get())
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait({get, closing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+            if not get.done():
+                get.cancel()
+        if get.done() and not get.cancelled():
+            return get.result()
+        return None
+
     async def _pump(self, client: aiomqtt.Client) -> None:
-        """Publish the outbox until closing; on close, flush it and return."""
-        while True:
-            if self._closing.is_set() and len(self.outbox) == 0:
-                return
-            get = asyncio.ensure_future(self.outbox.get())
-            closing = asyncio.ensure_future(self._closing.wait())
-            try:
-                await asyncio.wait({get, closing}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                closing.cancel()
-                if not get.done():
-                    get.cancel()
-            if not get.done() or get.cancelled():
-                continue
-            message = get.result()
+        """Publish the outbox, up to PUBLISH_WINDOW unacknowledged at once, in order.
+
+        A message leaves the outbox for good only when the broker acknowledged it; on a
+        failure or a disconnect, every unacknowledged one goes back to the head.
+        """
+        window = asyncio.Semaphore(PUBLISH_WINDOW)
+        inflight: dict[asyncio.Task[None], OutMessage] = {}
+        failures: list[aiomqtt.MqttError] = []
+
+        async def send(message: OutMessage) -> None:
             try:
                 await self._send(client, message)
-            except aiomqtt.MqttError:
-                self.outbox.put_front_nowait(message)
+            except aiomqtt.MqttError as exc:
+                failures.append(exc)
                 raise
+            finally:
+                window.release()
+
+        def settled(task: asyncio.Task[None]) -> None:
+            if not task.cancelled() and task.exception() is None:
+                inflight.pop(task, None)
+
+        try:
+            while not failures:
+                if self._closing.is_set() and len(self.outbox) == 0:
+                    break
+                message = await self._next()
+                if message is None:
+                    continue
+                await window.acquire()
+                task = asyncio.create_task(send(message), name="s2s.mqtt.publish")
+                inflight[task] = message
+                task.add_done_callback(settled)
+            if inflight and not failures:
+                await asyncio.wait(set(inflight))
+            if failures:
+                raise failures[0]
+        finally:
+            for task in inflight:
+                task.cancel()
+            for message in reversed(list(inflight.values())):
+                self.outbox.put_front_nowait(message)
 
     async def _send(self, client: aiomqtt.Client, message: OutMessage) -> None:
         props = None

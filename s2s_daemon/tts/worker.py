@@ -63,19 +63,16 @@ class EngineWorker:
         """
         holder: list[Iterator[Samples]] = []
 
-        def start_blocking() -> None:
-            holder.append(iter(self.engine.synthesize_blocking(request, should_stop)))
-
         def next_blocking() -> Samples | None:
+            if not holder:  # the first pull also starts the generator: one thread hop, not two
+                holder.append(iter(self.engine.synthesize_blocking(request, should_stop)))
             return next(holder[0], None)
 
         def close_blocking() -> None:
-            gen = holder[0]
-            close = getattr(gen, "close", None)
+            close = getattr(holder[0], "close", None) if holder else None
             if close is not None:
                 close()
 
-        await self._call(start_blocking)
         try:
             while not should_stop():
                 chunk = await self._call(next_blocking)

@@ -24,7 +24,7 @@ def write_config(path: Path, port: int, **sections: Any) -> Path:
     """A daemon config on ``port`` with the tone engine and the discard sink, merged with ``sections``."""
     data: dict[str, Any] = {
         "site_id": "kitchen",
-        "mqtt": {"port": port},
+        "mqtt": {"broker": "external", "port": port},
         "tts": {"engine": "tone", "options": {"speed": "0"}, "warmup": False},
         "audio": {"sink": "discard"},
         "log": {"format": "json", "level": "info"},
