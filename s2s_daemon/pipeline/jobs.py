@@ -11,10 +11,29 @@ from typing import Any, Protocol
 
 import structlog
 
-from s2s_daemon.pipeline.messages import ErrorCode, RequestError, SayRequest, Status, Timeline
+from s2s_daemon.pipeline.messages import ErrorCode, RequestError, SayRequest, Status
 from s2s_daemon.pipeline.queue import RequestQueue
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Monotonic timestamps (seconds) of one request, filled in as it moves."""
+
+    received: float
+    dequeued: float | None = None
+    synth_started: float | None = None
+    first_chunk: float | None = None
+    synth_done: float | None = None
+    first_sample_out: float | None = None
+    last_sample_played: float | None = None
+    chunks: int = 0
+    audio_s: float = 0.0
+    """Seconds of audio synthesized."""
+    underruns: int = 0
+    played_ms: float | None = None
+    """Milliseconds of audio the sink reported as played."""
 
 
 class Phase(enum.StrEnum):

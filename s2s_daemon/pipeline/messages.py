@@ -88,25 +88,6 @@ class RequestError:
     message: str
 
 
-@dataclass(slots=True)
-class Timeline:
-    """Monotonic timestamps (seconds) of one request, filled in as it moves."""
-
-    received: float
-    dequeued: float | None = None
-    synth_started: float | None = None
-    first_chunk: float | None = None
-    synth_done: float | None = None
-    first_sample_out: float | None = None
-    last_sample_played: float | None = None
-    chunks: int = 0
-    audio_s: float = 0.0
-    """Seconds of audio synthesized."""
-    underruns: int = 0
-    played_ms: float | None = None
-    """Milliseconds of audio the sink reported as played."""
-
-
 @dataclass(frozen=True, slots=True)
 class Utterance:
     """One request's audio on its way to the sink; the chunk channel closes at its end."""
