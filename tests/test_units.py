@@ -130,10 +130,16 @@ def test_generation_counter() -> None:
     ("payload", "expect"),
     [
         (b"hello", {"text": "hello", "voice": "Ryan", "language": "auto"}),
-        (b"\xef\xbb\xbf{\"text\": \"bom\"}", {"text": "bom"}),
-        (b'{"text": " x ", "voice": "VIVIAN", "language": "zh-CN"}', {"text": "x", "voice": "Vivian", "language": "chinese"}),
+        (b'\xef\xbb\xbf{"text": "bom"}', {"text": "bom"}),
+        (
+            b'{"text": " x ", "voice": "VIVIAN", "language": "zh-CN"}',
+            {"text": "x", "voice": "Vivian", "language": "chinese"},
+        ),
         (b'{"text": "x", "lang": "en_US"}', {"language": "english"}),
-        (b'{"id": 7, "text": "x", "priority": 3, "interrupt": true, "ttlMs": 5, "volume": 0.5}', {"id": "7", "priority": 3, "interrupt": True, "ttl_ms": 5, "volume": 0.5}),
+        (
+            b'{"id": 7, "text": "x", "priority": 3, "interrupt": true, "ttlMs": 5, "volume": 0.5}',
+            {"id": "7", "priority": 3, "interrupt": True, "ttl_ms": 5, "volume": 0.5},
+        ),
         (b'{"text": "x", "unknownKey": 1, "instruct": "  "}', {"instruct": None}),
     ],
 )
