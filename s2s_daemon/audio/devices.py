@@ -1,0 +1,149 @@
+"""Sound devices as PortAudio sees them: listing, choosing by name or index, ``s2s-daemon devices``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from types import ModuleType
+from typing import Any, Literal
+
+from s2s_daemon.audio.sink import AudioDeviceError
+from s2s_daemon.errors import EXIT_OK, EXIT_UNAVAILABLE
+
+Direction = Literal["input", "output"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """One PortAudio device."""
+
+    index: int
+    name: str
+    hostapi: str
+    max_input_channels: int
+    max_output_channels: int
+    default_rate_hz: float
+    """The device's default sample rate in hertz; the speaker resamples to it."""
+    default_input: bool = False
+    default_output: bool = False
+
+    def has(self, direction: Direction) -> bool:
+        return (self.max_input_channels if direction == "input" else self.max_output_channels) > 0
+
+
+def portaudio() -> ModuleType:
+    """Import ``sounddevice``; a missing extra or PortAudio library is an ``AudioDeviceError``."""
+    try:
+        import sounddevice
+    except ImportError as exc:
+        raise AudioDeviceError("sounddevice is not installed: install the 'audio' extra (s2s-daemon[audio])") from exc
+    except OSError as exc:  # sounddevice raises OSError when the PortAudio library is missing
+        raise AudioDeviceError(f"PortAudio is not available ({exc}): install libportaudio2") from exc
+    module: ModuleType = sounddevice
+    return module
+
+
+def list_devices() -> list[DeviceInfo]:
+    """Every device PortAudio knows, in index order."""
+    sd = portaudio()
+    try:
+        raw: Any = sd.query_devices()
+        hostapis: Any = sd.query_hostapis()
+    except sd.PortAudioError as exc:
+        raise AudioDeviceError(f"cannot list sound devices: {exc}") from exc
+    default_in, default_out = _defaults(sd)
+    devices = []
+    for entry in raw:
+        index = int(entry["index"])
+        devices.append(
+            DeviceInfo(
+                index=index,
+                name=str(entry["name"]),
+                hostapi=str(hostapis[entry["hostapi"]]["name"]),
+                max_input_channels=int(entry["max_input_channels"]),
+                max_output_channels=int(entry["max_output_channels"]),
+                default_rate_hz=float(entry["default_samplerate"]),
+                default_input=index == default_in,
+                default_output=index == default_out,
+            )
+        )
+    return devices
+
+
+def _defaults(sd: ModuleType) -> tuple[int, int]:
+    try:
+        pair = sd.default.device
+        return int(pair[0]), int(pair[1])
+    except (TypeError, ValueError, IndexError):
+        return -1, -1
+
+
+def resolve_device(spec: str | int | None, direction: Direction) -> DeviceInfo:
+    """The device named by ``spec``: None is the system default, an int (or digits) an index,
+    a string an exact name or else a unique case-insensitive substring."""
+    devices = [d for d in list_devices() if d.has(direction)]
+    if not devices:
+        raise AudioDeviceError(f"no sound {direction} device found")
+    if spec is None:
+        for device in devices:
+            if device.default_input if direction == "input" else device.default_output:
+                return device
+        return devices[0]
+    if isinstance(spec, int) or spec.strip().isdigit():
+        index = int(spec)
+        for device in devices:
+            if device.index == index:
+                return device
+        raise AudioDeviceError(f"no {direction} device with index {index}; available: {_names(devices)}")
+    exact = [d for d in devices if d.name == spec]
+    if exact:
+        return exact[0]
+    matches = [d for d in devices if spec.lower() in d.name.lower()]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise AudioDeviceError(f"no {direction} device named {spec!r}; available: {_names(devices)}")
+    raise AudioDeviceError(f"{direction} device {spec!r} is ambiguous: {_names(matches)}")
+
+
+def _names(devices: list[DeviceInfo]) -> str:
+    return ", ".join(f"{d.index}: {d.name!r}" for d in devices)
+
+
+def format_table(devices: list[DeviceInfo]) -> str:
+    lines = [f"{'idx':>3}  {'in':>3} {'out':>3}  {'rate':>6}  {'default':<8} {'host api':<10} name"]
+    for d in devices:
+        default = ",".join(k for k, v in (("in", d.default_input), ("out", d.default_output)) if v)
+        lines.append(
+            f"{d.index:>3}  {d.max_input_channels:>3} {d.max_output_channels:>3}  {d.default_rate_hz:>6.0f}  "
+            f"{default:<8} {d.hostapi:<10} {d.name}"
+        )
+    return "\n".join(lines)
+
+
+def _run_devices(args: argparse.Namespace) -> int:
+    try:
+        devices = list_devices()
+    except AudioDeviceError as exc:
+        sys.stderr.write(f"s2s-daemon devices: {exc}\n")
+        return EXIT_UNAVAILABLE
+    if args.json:
+        sys.stdout.write(json.dumps([asdict(d) for d in devices], indent=2) + "\n")
+        return EXIT_OK
+    if not devices:
+        sys.stdout.write("no sound devices found\n")
+        return EXIT_OK
+    sys.stdout.write(format_table(devices) + "\n")
+    sys.stdout.write("Use the index or (part of) the name as audio.device or vad.device.\n")
+    return EXIT_OK
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``s2s-daemon devices`` on an argparse subparsers object."""
+    parser = subparsers.add_parser(
+        "devices", help="list sound devices (for audio.device and vad.device)", description="List sound devices."
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=_run_devices)
