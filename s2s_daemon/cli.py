@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -113,9 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     say.set_defaults(func=cmd_say)
 
     for name in EXTENSIONS:
-        if importlib.util.find_spec(name) is None:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a trimmed install without that part
+            if exc.name is None or not name.startswith(exc.name):
+                raise
             continue
-        importlib.import_module(name).add_parser(sub)
+        module.add_parser(sub)
     return parser
 
 
