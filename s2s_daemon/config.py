@@ -93,7 +93,15 @@ class TtsConfig(Section):
     torch: TorchEngineConfig = TorchEngineConfig()
     mlx: MlxEngineConfig = MlxEngineConfig()
     options: dict[str, str] = Field(default_factory=dict)
-    """Backend-specific extras passed to the engine unchanged."""
+    """Backend-specific extras passed to the engine as strings."""
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _options_as_strings(cls, value: object) -> object:
+        # YAML and S2S_ overrides turn `max_frames: 2` into an int: engines get strings.
+        if isinstance(value, dict):
+            return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items() if v is not None}
+        return value
 
     @field_validator("engine")
     @classmethod

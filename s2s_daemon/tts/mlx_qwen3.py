@@ -1,0 +1,475 @@
+"""The MLX engine: Qwen3-TTS 12 Hz on Apple Silicon (Metal), or the Linux CPU for tests.
+
+The model code is mlx-audio's (``mlx_audio.tts.models.qwen3_tts``); this module only
+chooses and loads the weights, validates requests, streams mlx-audio's chunks to
+the engine worker and keeps memory flat between utterances. It is the only module
+of the project that imports mlx, and it does so inside the methods that run on the
+engine's worker thread, so importing it costs nothing.
+
+Weights come from two kinds of source:
+
+- an ``mlx-community/Qwen3-TTS-12Hz-*-{4bit,6bit,8bit,bf16}`` repo (already converted;
+  loaded as stored), and a ``Qwen/Qwen3-TTS-12Hz-*`` id, which maps to the
+  mlx-community repo of the configured quantization, as mlx-audio users expect;
+- a folder (or hub repo) in the official HF layout, loaded by mlx-audio and then
+  quantized at load to ``tts.mlx.quantization`` (``bf16`` only casts).
+
+Streaming granularity: mlx-audio counts its chunks in seconds
+(``streaming_interval``) and turns them into ``max(1, int(interval * 12.5))`` codec
+frames; ``chunk_frames`` is mapped onto that, so a chunk is exactly ``chunk_frames``
+frames (the last one may be shorter). mlx-audio yields only between chunks, so a
+stop is noticed between chunks, never inside one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+
+from s2s_daemon.errors import ConfigError
+from s2s_daemon.tts.engine import (
+    CheckpointError,
+    DeviceMemory,
+    EngineError,
+    EngineInfo,
+    EngineOptions,
+    Samples,
+    ShouldStop,
+    SynthesisRequest,
+    UnknownVoiceError,
+)
+from s2s_daemon.tts.text import match_voice, normalize_language
+
+log = structlog.get_logger(__name__)
+
+FRAME_RATE_HZ = 12.5
+"""Codec frames per second of the 12 Hz tokenizer."""
+QUANT_GROUP_SIZE = 64
+"""Weights per quantization group, as in the mlx-community conversions."""
+QUANTIZATIONS: dict[str, int | None] = {"4bit": 4, "6bit": 6, "8bit": 8, "bf16": None}
+"""``tts.mlx.quantization`` values and their bit widths (``bf16`` is a cast)."""
+FLOAT32 = "float32"
+"""Extra-only value of ``mlx_quantization``: run the talker in float32 (cross-checks with torch)."""
+FRAMES_BASE = 30
+FRAMES_PER_TOKEN = 8
+"""Frame budget ``FRAMES_BASE + FRAMES_PER_TOKEN * text tokens``, the torch engine's rule."""
+ICL_CACHE_LIMIT = 4
+"""Reference recordings whose codec codes mlx-audio may keep between utterances."""
+_HUB_QWEN = re.compile(r"^Qwen/(Qwen3-TTS-12Hz-[A-Za-z0-9.]+-[A-Za-z]+)$")
+_LOCAL_PREFIXES = ("/", ".", "~")
+_MLX_COMMUNITY = "mlx-community/"
+
+# --- voices ---
+
+
+def display_voice(key: str) -> str:
+    """A speaker key of the checkpoint (``uncle_fu``) as users write it (``Uncle_Fu``)."""
+    return "_".join(part[:1].upper() + part[1:] for part in key.split("_"))
+
+
+# --- where the weights come from (pure python) ---
+
+
+@dataclass(frozen=True, slots=True)
+class MlxSource:
+    """Where to load from, before anything is read or downloaded."""
+
+    location: str
+    """A local folder, or a hub repo id."""
+    local: bool
+    """True for a folder on this machine."""
+    as_stored: bool = False
+    """An mlx-community conversion: never quantized again, whatever its dtype."""
+
+
+def resolve_source(model: str, quantization: str) -> MlxSource:
+    """Map ``tts.model`` to a folder or repo; ``Qwen/...`` ids become mlx-community repos."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return MlxSource(str(path), local=True)
+    if model.startswith(_LOCAL_PREFIXES) or path.exists():
+        msg = f"model folder {model!r} does not exist or is not a folder"
+        raise CheckpointError(msg)
+    match = _HUB_QWEN.match(model)
+    if match is not None and quantization in QUANTIZATIONS:
+        return MlxSource(f"mlx-community/{match.group(1)}-{quantization}", local=False, as_stored=True)
+    return MlxSource(model, local=False, as_stored=model.startswith(_MLX_COMMUNITY))
+
+
+def chunk_interval_s(chunk_frames: int) -> float:
+    """mlx-audio's ``streaming_interval`` that yields exactly ``chunk_frames`` frames per chunk."""
+    # mlx-audio computes max(1, int(interval * 12.5)); aim at the middle of the
+    # frame so float rounding cannot drop a frame.
+    return (max(1, chunk_frames) + 0.5) / FRAME_RATE_HZ
+
+
+@dataclass(frozen=True, slots=True)
+class _Loaded:
+    """What load_blocking found out about the checkpoint."""
+
+    model: Any
+    """mlx-audio's ``qwen3_tts.Model``."""
+    info: EngineInfo
+    max_frames: int | None
+    """``extra['max_frames']``: a lower cap than the frame budget (tests, benchmarks)."""
+
+
+class MlxQwen3Engine:
+    """Qwen3-TTS through mlx-audio; every method runs on the engine's one worker thread."""
+
+    def __init__(self, options: EngineOptions) -> None:
+        self._options = options
+        quant = options.extra.get("mlx_quantization", options.quantization)
+        if quant not in QUANTIZATIONS and quant != FLOAT32:
+            msg = f"tts.mlx.quantization must be one of {', '.join(QUANTIZATIONS)}, not {quant!r}"
+            raise ConfigError(msg)
+        self._quantization = quant
+        max_frames = options.extra.get("max_frames")
+        if max_frames and not (max_frames.isdigit() and int(max_frames) > 0):
+            msg = f"tts.options.max_frames must be a positive integer, not {max_frames!r}"
+            raise ConfigError(msg)
+        self._max_frames = int(max_frames) if max_frames else None
+        self._loaded: _Loaded | None = None
+        self._thread: int | None = None
+
+    # -- protocol --
+
+    def load_blocking(self) -> EngineInfo:
+        """Resolve, (download,) load and quantize the weights; return what the model offers."""
+        if self._loaded is not None:
+            return self._loaded.info
+        self._thread = threading.get_ident()
+        import mlx.core as mx
+
+        device = self._select_device(mx)
+        source = resolve_source(self._options.model, self._quantization)
+        folder = self._fetch(source)
+        config = _read_config(folder)
+        started = time.perf_counter()
+        model = self._load_model(folder)
+        stored_bits = (config.get("quantization") or {}).get("bits")
+        if stored_bits is not None or source.as_stored:
+            dtype = f"{stored_bits}bit" if stored_bits is not None else _talker_dtype(model)
+            if self._quantization != dtype:
+                log.info("mlx_checkpoint_as_stored", stored=dtype, configured=self._quantization)
+        else:
+            dtype = _quantize_at_load(model, self._quantization)
+        if device == "cpu":
+            # As the torch engine does: a CPU gains nothing from a bf16 codec decoder, and
+            # float32 keeps the two engines' waveforms comparable. (The decoder is an
+            # mx.compile wrapper that forwards set_dtype to the module; it has not been
+            # traced yet, so the cast is what it will run with.)
+            model.speech_tokenizer.decoder.set_dtype(mx.float32)
+        mx.eval(model.parameters())
+        gc.collect()
+        mx.clear_cache()
+        mode = str(getattr(model.config, "tts_model_type", "base"))
+        voices = tuple(display_voice(k) for k in model.get_supported_speakers())
+        languages = ("auto", *dict.fromkeys(str(x).lower() for x in model.get_supported_languages() if x != "auto"))
+        info = EngineInfo(
+            engine="mlx",
+            model=self._options.model,
+            device=device,
+            sample_rate=int(model.sample_rate),
+            voices=voices,
+            languages=languages,
+            dtype=dtype,
+            mode=mode,
+        )
+        self._loaded = _Loaded(model=model, info=info, max_frames=self._max_frames)
+        log.info(
+            "mlx_engine_loaded",
+            source=source.location,
+            folder=str(folder),
+            dtype=dtype,
+            mode=mode,
+            device=device,
+            load_s=round(time.perf_counter() - started, 3),
+            active_mib=round(mx.get_active_memory() / 2**20, 1),
+        )
+        return info
+
+    def warmup_blocking(self) -> None:
+        """Synthesize one two-frame chunk so the first request pays no first-call costs."""
+        info = self._require().info
+        request = SynthesisRequest(
+            text="Hello.",
+            voice=info.voices[0] if info.mode == "custom_voice" and info.voices else None,
+            language="auto",
+            instruct="A calm, clear voice." if info.mode == "voice_design" else None,
+            chunk_frames=2,
+            seed=0,
+        )
+        for _ in self._stream(request, lambda: False, max_frames=2):
+            pass
+
+    def synthesize_blocking(self, request: SynthesisRequest, should_stop: ShouldStop) -> Iterator[Samples]:
+        """Yield float32 chunks of ``request.chunk_frames`` frames; stop between chunks."""
+        return self._stream(request, should_stop, max_frames=self._require().max_frames)
+
+    @property
+    def mlx_model(self) -> Any:
+        """mlx-audio's loaded ``qwen3_tts.Model`` (benchmarks, cross-checks; engine thread only)."""
+        return self._require().model
+
+    def memory_blocking(self) -> DeviceMemory:
+        """MLX's own counters: memory held by arrays now and the high-water mark, MiB."""
+        self._check_thread()
+        import mlx.core as mx
+
+        return DeviceMemory(
+            kind="mlx",
+            allocated_mib=mx.get_active_memory() / 2**20,
+            peak_mib=mx.get_peak_memory() / 2**20,
+        )
+
+    def close_blocking(self) -> None:
+        """Drop the model and hand MLX's cached buffers back to the system."""
+        if self._loaded is None:
+            return
+        self._check_thread()
+        import mlx.core as mx
+
+        self._loaded = None
+        gc.collect()
+        mx.clear_cache()
+        log.info("mlx_engine_closed", active_mib=round(mx.get_active_memory() / 2**20, 1))
+
+    # -- streaming --
+
+    def _stream(
+        self, request: SynthesisRequest, should_stop: ShouldStop, *, max_frames: int | None
+    ) -> Iterator[Samples]:
+        # Validate before the generator starts, so a bad request fails at the call.
+        loaded = self._require()
+        kwargs = self._generate_kwargs(loaded, request, max_frames)
+        return self._chunks(loaded, request, kwargs, should_stop)
+
+    def _chunks(
+        self, loaded: _Loaded, request: SynthesisRequest, kwargs: dict[str, Any], should_stop: ShouldStop
+    ) -> Iterator[Samples]:
+        import mlx.core as mx
+
+        model = loaded.model
+        if request.seed is not None:
+            mx.random.seed(request.seed)
+        entry = kwargs.pop("entry")
+        results = getattr(model, entry)(**kwargs)
+        chunks = 0
+        finished = False
+        try:
+            while not should_stop():
+                try:
+                    result = next(results)
+                except StopIteration:
+                    finished = True
+                    break
+                except (ValueError, RuntimeError, FileNotFoundError, OSError) as exc:
+                    msg = f"mlx-audio failed: {exc}"
+                    raise EngineError(msg) from exc
+                if should_stop():
+                    break
+                chunks += 1
+                yield np.array(result.audio.astype(mx.float32), dtype=np.float32, copy=True)
+        finally:
+            self._release(model, results, finished)
+            log.debug("mlx_utterance_released", chunks=chunks, active_mib=round(mx.get_active_memory() / 2**20, 1))
+
+    def _release(self, model: Any, results: Any, finished: bool) -> None:
+        """Free everything one utterance held, whether it finished or was stopped."""
+        import mlx.core as mx
+
+        results.close()
+        if not finished:
+            # A finished stream has reset the decoder itself; a stopped one left its conv
+            # buffers and KV cache behind (a walk over all modules, ~10 ms on this CPU).
+            model.speech_tokenizer.decoder.reset_streaming_state()
+        icl_cache: dict[Any, Any] = getattr(model, "_icl_cache", {})
+        while len(icl_cache) > ICL_CACHE_LIMIT:
+            icl_cache.pop(next(iter(icl_cache)))
+        mx.clear_cache()
+
+    def _generate_kwargs(self, loaded: _Loaded, request: SynthesisRequest, max_frames: int | None) -> dict[str, Any]:
+        """Validate ``request`` as the torch engine does and turn it into mlx-audio arguments."""
+        info = loaded.info
+        voice = match_voice(request.voice, info.voices, None)
+        language = normalize_language(request.language, info.languages)
+        instruct = request.instruct or None
+        ref_audio = request.ref_audio or None
+        if ref_audio is not None:
+            if info.mode != "base":
+                msg = f"voice cloning from a reference recording needs a Base model, not {info.mode}"
+                raise UnknownVoiceError(msg)
+            if not Path(ref_audio).is_file():
+                msg = f"cannot read reference audio {ref_audio!r}: no such file"
+                raise EngineError(msg)
+        kwargs: dict[str, Any] = {
+            "text": request.text,
+            "language": language,
+            "stream": True,
+            "streaming_interval": chunk_interval_s(request.chunk_frames),
+            "max_tokens": self._budget(loaded.model, request.text, max_frames),
+            "verbose": False,
+        }
+        if request.greedy:
+            kwargs["temperature"] = 0.0
+        if info.mode == "voice_design":
+            # generate() insists on an instruct; the official model (and the torch engine)
+            # also speak without one, so call the VoiceDesign entry point directly.
+            kwargs["instruct"] = instruct or ""
+            return {"entry": "generate_voice_design", **kwargs}
+        kwargs["lang_code"] = kwargs.pop("language")
+        kwargs.update(
+            voice=voice.lower() if voice else None,
+            instruct=instruct if info.mode == "custom_voice" else None,
+            ref_audio=ref_audio,
+            ref_text=(request.ref_text or None) if ref_audio is not None else None,
+            split_pattern="",
+        )
+        return {"entry": "generate", **kwargs}
+
+    @staticmethod
+    def _budget(model: Any, text: str, cap: int | None) -> int:
+        """Codec frames allowed: the torch engine's rule, so a missed end-of-speech ends soon."""
+        tokens = len(model.tokenizer.encode(text))
+        configured = int((model.generate_config or {}).get("max_new_tokens") or 2048)
+        budget = min(configured, FRAMES_BASE + FRAMES_PER_TOKEN * tokens)
+        return max(1, min(budget, cap)) if cap is not None else budget
+
+    # -- loading --
+
+    def _select_device(self, mx: Any) -> str:
+        wanted = self._options.device
+        metal = bool(mx.metal.is_available())
+        if wanted in ("cpu",) or (wanted == "auto" and not metal):
+            mx.set_default_device(mx.cpu)
+            return "cpu"
+        if wanted in ("auto", "metal", "gpu", "mps"):
+            if not metal:
+                msg = f"tts.device {wanted!r} needs Metal, which this machine does not have"
+                raise EngineError(msg)
+            mx.set_default_device(mx.gpu)
+            return "metal"
+        msg = f"the mlx engine runs on 'cpu' or 'metal', not {wanted!r}"
+        raise EngineError(msg)
+
+    def _fetch(self, source: MlxSource) -> Path:
+        if source.local:
+            return Path(source.location)
+        from mlx_audio.utils import get_model_path
+
+        try:
+            return Path(get_model_path(source.location, revision=self._options.revision))
+        except Exception as exc:  # hub errors come in many classes; all mean "not available"
+            msg = f"cannot fetch {source.location!r} from the hub: {exc}"
+            raise CheckpointError(msg) from exc
+
+    def _load_model(self, folder: Path) -> Any:
+        from mlx_audio.tts.utils import load_model
+        from transformers.utils import logging as hf_logging
+
+        # mlx-audio reports progress and swallowed errors with print(); keep stdout
+        # clean for the CLI and turn the text into a log event. Its AutoTokenizer call
+        # makes transformers warn about the unknown qwen3_tts config: quiet it meanwhile.
+        captured = io.StringIO()
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity(logging.ERROR)
+        try:
+            with contextlib.redirect_stdout(captured):
+                model = load_model(folder, lazy=True, strict=True)
+        except (ValueError, FileNotFoundError, KeyError, OSError) as exc:
+            msg = f"cannot load {folder} with mlx-audio: {exc}"
+            raise CheckpointError(msg) from exc
+        finally:
+            hf_logging.set_verbosity(verbosity)
+            if captured.getvalue().strip():
+                log.debug("mlx_audio_output", text=captured.getvalue().strip())
+        if getattr(model, "model_type", None) != "qwen3_tts":
+            msg = f"{folder} is not a Qwen3-TTS checkpoint"
+            raise CheckpointError(msg)
+        if model.tokenizer is None or model.speech_tokenizer is None:
+            missing = "text tokenizer" if model.tokenizer is None else "speech tokenizer"
+            msg = f"{folder}: the {missing} did not load ({captured.getvalue().strip()[-300:]})"
+            raise CheckpointError(msg)
+        return model
+
+    def _require(self) -> _Loaded:
+        self._check_thread()
+        if self._loaded is None:
+            msg = "the mlx engine is not loaded; call load_blocking first"
+            raise EngineError(msg)
+        return self._loaded
+
+    def _check_thread(self) -> None:
+        if self._thread is not None and threading.get_ident() != self._thread:
+            msg = "MLX work must stay on the engine thread that loaded the model"
+            raise EngineError(msg)
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    for needed in ("config.json", "speech_tokenizer/config.json"):
+        if not (folder / needed).is_file():
+            msg = f"{folder} is not a complete Qwen3-TTS checkpoint: {needed} is missing"
+            raise CheckpointError(msg)
+    if not any(folder.glob("*.safetensors")):
+        msg = f"{folder} has no *.safetensors weights"
+        raise CheckpointError(msg)
+    try:
+        config: dict[str, Any] = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        msg = f"{folder}/config.json cannot be read: {exc}"
+        raise CheckpointError(msg) from exc
+    if config.get("model_type") != "qwen3_tts":
+        msg = f"{folder} is a {config.get('model_type')!r} checkpoint, not qwen3_tts"
+        raise CheckpointError(msg)
+    return config
+
+
+def _quantize_at_load(model: Any, quantization: str) -> str:
+    """Cast the talker to bfloat16 and quantize its linear layers; returns the dtype label.
+
+    Like mlx-audio's own conversion: embeddings, the speaker encoder and the speech
+    tokenizer stay as stored, and layers whose input width does not divide the
+    group size stay in bfloat16.
+    """
+    import mlx.core as mx
+    from mlx.nn.layers.quantized import quantize
+
+    if quantization == FLOAT32:
+        model.talker.set_dtype(mx.float32)
+        return "float32"
+    model.talker.set_dtype(mx.bfloat16)
+    bits = QUANTIZATIONS[quantization]
+    if bits is None:
+        return "bfloat16"
+    wanted: Callable[[str, Any], bool] = model.model_quant_predicate
+
+    def predicate(path: str, module: Any) -> bool:
+        weight = getattr(module, "weight", None)
+        return (
+            hasattr(module, "to_quantized")
+            and weight is not None
+            and weight.shape[-1] % QUANT_GROUP_SIZE == 0
+            and bool(wanted(path, module))
+        )
+
+    quantize(model.talker, group_size=QUANT_GROUP_SIZE, bits=bits, class_predicate=predicate)
+    return quantization
+
+
+def _talker_dtype(model: Any) -> str:
+    """The dtype of an unquantized talker, named as ``EngineInfo.dtype`` names it."""
+    return str(model.talker.codec_head.weight.dtype).removeprefix("mlx.core.")
