@@ -1,0 +1,435 @@
+"""``TorchQwen3Engine``: the project's own streaming Qwen3-TTS 12 Hz in plain torch.
+
+Load: resolve the checkpoint (folder or hub id), parse its configs, build the talker on the meta
+device and assign the safetensors weights, load the text tokenizer (the only use of transformers)
+and the speech-tokenizer decoder (and, for Base models, the codec and speaker encoders).
+
+Synthesize: build the official prompt, run the frame loop, and every ``chunk_frames`` frames push
+the new codes through the streaming codec decoder and yield the samples.
+
+Frame budget (so a missed end-of-speech cannot run on):
+``min(max_new_tokens, FRAMES_BASE + FRAMES_PER_TOKEN * text_tokens)`` where ``text_tokens`` counts
+the utterance's own tokens. At 12.5 frames/s that is 2.4 s plus 0.64 s per token; real speech
+spends about 0.2-0.3 s per BPE token (English word pieces, CJK characters), so the budget leaves
+2-3x headroom for slow voices and still ends a runaway within seconds on short texts.
+``EngineOptions.extra['max_frames']`` lowers it further (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+import torch
+
+from s2s_daemon.tts.engine import (
+    CheckpointError,
+    DeviceMemory,
+    EngineError,
+    EngineInfo,
+    EngineOptions,
+    Samples,
+    ShouldStop,
+    SynthesisRequest,
+    UnknownVoiceError,
+)
+from s2s_daemon.tts.torch_qwen3.checkpoint import load_weights, resolve_checkpoint
+from s2s_daemon.tts.torch_qwen3.config import (
+    GenerationSettings,
+    ModelConfig,
+    load_generation_settings,
+    load_model_config,
+)
+from s2s_daemon.tts.torch_qwen3.layers import fuse_projections
+from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings, PromptTokens, build_embeddings, codec_prefix, tokenize
+from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, TalkerRuntime
+from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights
+
+log = structlog.get_logger(__name__)
+
+FRAMES_BASE = 30
+FRAMES_PER_TOKEN = 8
+SAMPLE_RATE = 24000
+
+
+def frame_budget(text_tokens: int, max_new_tokens: int, cap: int | None = None) -> int:
+    """Codec frames allowed for an utterance of ``text_tokens`` tokens (see the module docstring)."""
+    budget = min(max_new_tokens, FRAMES_BASE + FRAMES_PER_TOKEN * max(0, text_tokens))
+    return min(budget, cap) if cap is not None else budget
+
+
+def cpu_threads() -> int:
+    """Intra-op threads on the CPU: every core but one (kept for the event loop, audio and the OS).
+
+    Measured on the 2-core CI box shared with other jobs: 1 thread decoded the 0.6B model 2.4x
+    faster than 2 (OpenMP workers spin-wait for a core that another process holds).
+    """
+    return max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) - 1))
+
+
+def pick_device(requested: str) -> torch.device:
+    """``auto`` -> cuda, then mps, then cpu; anything else is passed to torch.device."""
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(requested)
+    except RuntimeError as exc:
+        raise EngineError(f"device {requested!r} is not a torch device: {exc}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EngineError(f"device {requested!r} requested but CUDA is not available")
+    return device
+
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """``auto`` -> bfloat16 on CUDA, float32 elsewhere."""
+    if requested == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return _DTYPES[requested.lower()]
+    except KeyError:
+        raise EngineError(f"dtype {requested!r} is not one of auto, {', '.join(_DTYPES)}") from None
+
+
+def read_wav_24k(path: str) -> np.ndarray:
+    """A PCM WAV file as mono float32 at 24 kHz (resampled with soxr when needed)."""
+    try:
+        with wave.open(path, "rb") as wf:
+            rate, channels, width = wf.getframerate(), wf.getnchannels(), wf.getsampwidth()
+            raw = wf.readframes(wf.getnframes())
+    except (OSError, wave.Error, EOFError) as exc:
+        raise EngineError(f"cannot read reference audio {path!r}: {exc}") from exc
+    if width == 2:
+        audio = np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+    elif width == 4:
+        audio = np.frombuffer(raw, dtype="<i4").astype(np.float32) / 2147483648.0
+    elif width == 1:
+        audio = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
+    else:
+        raise EngineError(f"reference audio {path!r}: {8 * width}-bit samples are not supported")
+    audio = audio.reshape(-1, channels).mean(axis=1)
+    if rate != SAMPLE_RATE:
+        try:
+            import soxr
+        except ImportError as exc:
+            raise EngineError(f"reference audio is {rate} Hz; resampling needs soxr (the audio extra)") from exc
+        audio = soxr.resample(audio, rate, SAMPLE_RATE).astype(np.float32)
+    return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+class TorchQwen3Engine:
+    """The torch backend of ``TtsEngine``; every ``_blocking`` method runs on the engine thread."""
+
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.cfg: ModelConfig | None = None
+        self.gen: GenerationSettings | None = None
+        self.runtime: TalkerRuntime | None = None
+        self.tokenizer: Any = None
+        self.codec: Any = None
+        self.speech_encoder: Any = None
+        self.speaker_encoder: Any = None
+        self.folder: Path | None = None
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+        self.info: EngineInfo | None = None
+
+    # -- options --------------------------------------------------------------------------
+    def _extra_int(self, key: str) -> int | None:
+        value = self.options.extra.get(key)
+        return int(value) if value not in (None, "") else None
+
+    def _text_streaming(self, mode: str) -> bool:
+        """Official defaults: text fed step by step only for Base; ``extra['text_streaming']`` overrides."""
+        value = self.options.extra.get("text_streaming")
+        if value is None or value == "":
+            return mode == "base"
+        return value.lower() in ("1", "true", "yes", "on")
+
+    # -- protocol -------------------------------------------------------------------------
+    def load_blocking(self) -> EngineInfo:
+        started = time.perf_counter()
+        device = pick_device(self.options.device)
+        threads = self._extra_int("threads")
+        if threads is None and device.type == "cpu":
+            threads = cpu_threads()
+        if threads is not None and threads > 0:
+            torch.set_num_threads(threads)  # process-wide: the intra-op pool is shared
+        dtype = pick_dtype(self.options.dtype, device)
+        quantization = (self.options.quantization or "none").lower()
+        int8 = quantization == "int8"
+        if quantization not in ("int8", "none", ""):
+            # The shared default (``6bit``) belongs to the MLX engine; torch knows only none and int8.
+            log.info("quantization_not_for_torch", quantization=quantization, used="none")
+        if int8:
+            from s2s_daemon.tts.torch_qwen3.quant import int8_supported
+
+            if device.type != "cpu":
+                raise EngineError("int8 quantization is a CPU option; use bfloat16 on accelerators")
+            if not int8_supported():
+                raise EngineError("this torch build has no quantized engine for int8 linears")
+            dtype = torch.float32
+        folder = resolve_checkpoint(self.options.model, self.options.revision)
+        cfg = load_model_config(folder)
+        gen = load_generation_settings(folder)
+        tokenizer = self._load_tokenizer(folder)
+        with torch.device("meta"):
+            weights = Qwen3TtsWeights(cfg.talker)
+        load_weights(weights, folder, device, dtype)
+        weights.eval()
+        weights.requires_grad_(False)
+        fuse_projections(weights)
+        if int8:
+            from s2s_daemon.tts.torch_qwen3.quant import quantize_linears
+
+            quantize_linears(weights.talker)
+        self.codec = self._load_codec(folder, device, dtype)
+        if cfg.mode == "base":
+            self._load_clone_encoders(folder, device, dtype)
+        runtime = TalkerRuntime(weights, cfg, device, dtype)
+        if device.type == "cuda" and self.options.extra.get("cuda_graphs", "true").lower() not in ("0", "false", "no"):
+            from s2s_daemon.tts.torch_qwen3.graphs import CudaGraphSteps
+
+            runtime.graphs = CudaGraphSteps()
+        self.cfg, self.gen, self.runtime, self.tokenizer = cfg, gen, runtime, tokenizer
+        self.folder, self.device, self.dtype = folder, device, dtype
+        self.info = EngineInfo(
+            engine="torch",
+            model=self.options.model,
+            device=str(device) if device.type != "cuda" else f"cuda:{device.index or 0}",
+            sample_rate=int(getattr(self.codec, "sample_rate", SAMPLE_RATE)),
+            voices=cfg.voices,
+            languages=cfg.languages,
+            dtype="int8" if int8 else str(dtype).removeprefix("torch."),
+            mode=cfg.mode,
+        )
+        log.info(
+            "torch_engine_loaded",
+            model=self.options.model,
+            folder=str(folder),
+            mode=cfg.mode,
+            device=self.info.device,
+            dtype=self.info.dtype,
+            voices=len(cfg.voices),
+            load_s=round(time.perf_counter() - started, 2),
+        )
+        return self.info
+
+    def _load_tokenizer(self, folder: Path) -> Any:
+        """The Qwen2 BPE tokenizer; AutoTokenizer only for a checkpoint naming another class."""
+        try:
+            import json
+
+            tok_cfg = folder / "tokenizer_config.json"
+            cls_name = (
+                json.loads(tok_cfg.read_text(encoding="utf-8")).get("tokenizer_class", "") if tok_cfg.is_file() else ""
+            )
+            import transformers
+
+            fast = getattr(transformers, "Qwen2TokenizerFast", None)  # an alias of Qwen2Tokenizer in 5.x
+            if fast is not None and cls_name in ("Qwen2Tokenizer", "Qwen2TokenizerFast", ""):
+                return fast.from_pretrained(str(folder))
+            return transformers.AutoTokenizer.from_pretrained(str(folder))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise CheckpointError(f"text tokenizer in {folder} cannot be loaded: {exc}") from exc
+
+    def _load_codec(self, folder: Path, device: torch.device, dtype: torch.dtype) -> Any:
+        try:
+            from s2s_daemon.tts.torch_qwen3.codec import CodecDecoder
+        except ImportError as exc:
+            raise EngineError(f"the torch codec decoder is not available in this build: {exc}") from exc
+        # The decoder runs in float32 on the CPU and in the model dtype (bf16) elsewhere; int8 is talker-only.
+        codec_dtype = torch.float32 if device.type == "cpu" else dtype
+        return CodecDecoder.from_folder(folder / "speech_tokenizer", device, codec_dtype)
+
+    def _load_clone_encoders(self, folder: Path, device: torch.device, dtype: torch.dtype) -> None:
+        try:
+            from s2s_daemon.tts.torch_qwen3.codec_encoder import SpeechEncoder
+            from s2s_daemon.tts.torch_qwen3.speaker_encoder import SpeakerEncoder
+        except ImportError as exc:
+            log.warning("voice_clone_unavailable", reason=str(exc))
+            return
+        enc_dtype = torch.float32 if device.type == "cpu" else dtype
+        self.speech_encoder = SpeechEncoder.from_folder(folder / "speech_tokenizer", device, enc_dtype)
+        self.speaker_encoder = SpeakerEncoder.from_folder(folder, device, enc_dtype)
+
+    def warmup_blocking(self) -> None:
+        info = self._require()
+        request = SynthesisRequest(
+            text="Hello.",
+            voice=info.voices[0] if info.voices else None,
+            language="auto",
+            instruct="warm" if info.mode == "voice_design" else None,
+            chunk_frames=2,
+            greedy=True,
+        )
+        for _ in self._synthesize(request, lambda: False, max_frames=2):
+            pass
+
+    def synthesize_blocking(self, request: SynthesisRequest, should_stop: ShouldStop) -> Iterator[Samples]:
+        self._require()
+        return self._synthesize(request, should_stop, max_frames=None)
+
+    def memory_blocking(self) -> DeviceMemory:
+        if self.device.type == "cuda":
+            mib = 1024.0 * 1024.0
+            return DeviceMemory(
+                "cuda",
+                torch.cuda.memory_allocated(self.device) / mib,
+                torch.cuda.max_memory_allocated(self.device) / mib,
+            )
+        if self.device.type == "mps":
+            return DeviceMemory("mps", torch.mps.current_allocated_memory() / (1024.0 * 1024.0), 0.0)
+        return DeviceMemory("none")
+
+    def close_blocking(self) -> None:
+        self.runtime = None
+        self.codec = None
+        self.speech_encoder = None
+        self.speaker_encoder = None
+        self.tokenizer = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        log.info("torch_engine_closed", model=self.options.model)
+
+    # -- synthesis ------------------------------------------------------------------------
+    def _require(self) -> EngineInfo:
+        if self.info is None or self.runtime is None:
+            raise EngineError("engine is not loaded")
+        return self.info
+
+    def prepare(
+        self, request: SynthesisRequest, text_streaming: bool | None = None
+    ) -> tuple[PromptEmbeddings, PromptTokens, torch.Tensor | None, int]:
+        """Validate and build the prompt: (embeddings, tokens, reference codes or None, frame budget).
+
+        ``text_streaming`` overrides the per-mode default (see ``_text_streaming``).
+        """
+        cfg, gen, runtime = self.cfg, self.gen, self.runtime
+        assert cfg is not None and gen is not None and runtime is not None
+        speaker: int | torch.Tensor | None = None
+        voice = request.voice
+        instruct = request.instruct or None
+        if cfg.mode == "custom_voice":
+            if voice is None:
+                voice = cfg.voices[0] if cfg.voices else None
+            if voice is None or voice.strip().lower() not in cfg.talker.speaker_ids:
+                raise UnknownVoiceError(f"voice {voice!r} is unknown; choose one of {', '.join(cfg.voices)}")
+            speaker = cfg.talker.speaker_ids[voice.strip().lower()]
+            if cfg.model_size == "0b6" and instruct:
+                log.info("instruct_ignored", reason="0.6B CustomVoice models take no instruction")
+                instruct = None
+        elif voice:
+            raise UnknownVoiceError(f"voice {voice!r}: this {cfg.mode} model has no preset voices")
+        if cfg.mode == "base":
+            instruct = None
+        prefix = codec_prefix(cfg, request.language, voice if cfg.mode == "custom_voice" else None)
+        ref_codes: torch.Tensor | None = None
+        reference_text: str | None = None
+        if cfg.mode == "base" and request.ref_audio:
+            if self.speaker_encoder is None:
+                raise EngineError("voice cloning needs the speaker encoder, which is not available in this build")
+            wav = torch.from_numpy(read_wav_24k(request.ref_audio))
+            speaker = self.speaker_encoder.embed(wav.to(self.device))
+            if request.ref_text:
+                if self.speech_encoder is None:
+                    raise EngineError("ICL cloning needs the codec encoder, which is not available in this build")
+                ref_codes = self.speech_encoder.encode(wav.to(self.device)).to(torch.long)
+                reference_text = request.ref_text
+        tokens = tokenize(self.tokenizer, request.text, instruct, reference_text)
+        prompt = build_embeddings(
+            runtime.talker,
+            cfg,
+            tokens,
+            prefix,
+            speaker,
+            ref_codes.to(self.device) if ref_codes is not None else None,
+            non_streaming=not (self._text_streaming(cfg.mode) if text_streaming is None else text_streaming),
+        )
+        budget = frame_budget(tokens.content_len, gen.max_new_tokens, self._extra_int("max_frames"))
+        return prompt, tokens, ref_codes, budget
+
+    def codes_blocking(
+        self, request: SynthesisRequest, max_frames: int | None = None, text_streaming: bool | None = None
+    ) -> torch.Tensor:
+        """All codec frames ``[T, G]`` (CPU, long) for a request; used by the parity tests and the benchmark."""
+        self._require()
+        assert self.runtime is not None and self.gen is not None
+        with torch.inference_mode():
+            prompt, _, _, budget = self.prepare(request, text_streaming)
+            if max_frames is not None:
+                budget = max_frames
+            options = DecodeOptions(max_frames=budget, greedy=request.greedy, seed=request.seed)
+            rows = [row.clone() for row in self.runtime.frames(prompt, self.gen, options, lambda: False)]
+        if not rows:
+            return torch.zeros(0, self.runtime.groups, dtype=torch.long)
+        return torch.stack(rows).cpu()
+
+    @torch.inference_mode()
+    def _synthesize(
+        self, request: SynthesisRequest, should_stop: ShouldStop, max_frames: int | None
+    ) -> Iterator[Samples]:
+        runtime, gen = self.runtime, self.gen
+        assert runtime is not None and gen is not None
+        prompt, _, ref_codes, budget = self.prepare(request)
+        if max_frames is not None:
+            budget = min(budget, max_frames)
+        chunk = max(1, int(request.chunk_frames))
+        stream = self.codec.stream()
+        if ref_codes is not None and ref_codes.shape[0] > 0:
+            stream.push(ref_codes.to(self.device))  # left context for the decoder; the reference audio is not played
+        options = DecodeOptions(max_frames=budget, greedy=request.greedy, seed=request.seed)
+        pending: list[torch.Tensor] = []
+        frames = 0
+        started = time.perf_counter()
+        first_chunk_s: float | None = None
+        for row in runtime.frames(prompt, gen, options, should_stop):
+            pending.append(row)
+            frames += 1
+            if len(pending) >= chunk:
+                audio = self._decode(stream, pending)
+                pending = []
+                if first_chunk_s is None:
+                    first_chunk_s = time.perf_counter() - started
+                if should_stop():
+                    return
+                yield audio
+        if should_stop():
+            return
+        if pending:
+            yield self._decode(stream, pending)
+        tail = stream.flush()
+        if tail is not None and tail.numel() > 0:
+            yield tail.detach().float().cpu().numpy().astype(np.float32, copy=False)
+        elapsed = time.perf_counter() - started
+        log.info(
+            "torch_synthesis_done",
+            frames=frames,
+            budget=budget,
+            first_chunk_ms=round(1000 * first_chunk_s, 1) if first_chunk_s is not None else None,
+            frames_per_s=round(frames / elapsed, 2) if elapsed > 0 else None,
+        )
+
+    def _decode(self, stream: Any, rows: list[torch.Tensor]) -> Samples:
+        audio = stream.push(torch.stack(rows))
+        return np.ascontiguousarray(audio.detach().float().cpu().numpy(), dtype=np.float32)

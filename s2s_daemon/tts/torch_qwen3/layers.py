@@ -1,0 +1,257 @@
+"""Qwen3 decoder building blocks in plain torch, named so the official state dict loads unchanged.
+
+RMSNorm, grouped-query attention with per-head q/k RMSNorm and rotary embeddings, SwiGLU MLP.
+Attention writes into a caller-owned static KV cache; nothing here grows a tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from s2s_daemon.tts.torch_qwen3.config import DecoderConfig
+
+
+def fused_linear(parts: list[nn.Linear]) -> nn.Linear:
+    """One ``nn.Linear`` whose output is the concatenation of ``parts``' outputs (same input)."""
+    first = parts[0].weight
+    out_features = sum(p.out_features for p in parts)
+    has_bias = parts[0].bias is not None
+    fused = nn.Linear(parts[0].in_features, out_features, bias=has_bias, device=first.device, dtype=first.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([p.weight for p in parts], dim=0))
+        if has_bias:
+            fused.bias.copy_(torch.cat([p.bias for p in parts if p.bias is not None], dim=0))
+    fused.requires_grad_(False)
+    return fused
+
+
+def fuse_projections(root: nn.Module) -> None:
+    """Fuse q/k/v and gate/up projections of every layer under ``root`` (after weights are loaded)."""
+    for module in list(root.modules()):
+        if isinstance(module, (Attention, SwiGLU)):
+            module.fuse()
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, as the official model does."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # F.rms_norm without a weight is ``x * rsqrt(mean(x^2) + eps)`` in one kernel; the official
+        # order (normalize in float32, cast back, then scale) is kept.
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_tables(cfg: DecoderConfig, max_positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, float32 ``[max_positions, head_dim]``.
+
+    For multimodal RoPE the channel pairs are split among the temporal/height/width axes (interleaved
+    or in sections). A TTS prompt is text only, so the three axes carry the same position and every
+    pair sees that position: the table below is built per axis and assembled the official way, which
+    makes the equivalence explicit rather than assumed.
+    """
+    half = cfg.head_dim // 2
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+    pos = torch.arange(max_positions, dtype=torch.float64)
+    axis_pos = [pos, pos, pos] if cfg.mrope_section else [pos]
+    freqs_per_axis = [torch.outer(p, inv_freq) for p in axis_pos]  # each [P, half]
+    if cfg.mrope_section:
+        sections = cfg.mrope_section
+        if cfg.mrope_interleaved:
+            freqs = freqs_per_axis[0].clone()
+            n_axes = len(sections)
+            for axis in range(1, n_axes):
+                idx = torch.arange(axis, sections[axis] * n_axes, n_axes)
+                freqs[:, idx] = freqs_per_axis[axis][:, idx]
+        else:
+            parts = []
+            start = 0
+            for axis, width in enumerate(sections):
+                parts.append(freqs_per_axis[axis % 3][:, start : start + width])
+                start += width
+            freqs = torch.cat(parts, dim=-1)
+    else:
+        freqs = freqs_per_axis[0]
+    assert freqs.shape[-1] == half
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().float().to(device), emb.sin().float().to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[1, heads, T, head_dim]`` by cos/sin ``[T, head_dim]`` (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    x1 = x[..., :half]
+    x2 = x[..., half:]
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with q/k norms over the head dimension."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.qkv_proj: nn.Linear | None = None
+        """q, k and v projections in one matrix once ``fuse()`` ran (after loading)."""
+
+    def fuse(self) -> None:
+        """Replace q/k/v projections by one linear: one matrix-vector product instead of three."""
+        qkv = fused_linear([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
+        self.qkv_proj = qkv
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One forward over ``x`` ``[1, T, hidden]`` placed at positions ``start..start+T-1``.
+
+        Two cache disciplines:
+        - ``positions`` None (eager): write the cache slice ``[start, start+T)`` and attend to
+          ``[0, start+T)`` by slicing; causal within the block.
+        - ``positions`` given (static shapes for CUDA graphs, T == 1): write at ``positions`` with
+          ``index_copy_`` and attend over the whole cache with the additive ``mask``.
+        """
+        _, t, _ = x.shape
+        nq = self.num_heads * self.head_dim
+        nkv = self.num_kv_heads * self.head_dim
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x)
+            q_lin, k_lin, v_lin = qkv[..., :nq], qkv[..., nq : nq + nkv], qkv[..., nq + nkv :]
+        else:
+            q_lin, k_lin, v_lin = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = self.q_norm(q_lin.reshape(1, t, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(k_lin.reshape(1, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = v_lin.reshape(1, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = apply_rope(q, cos, sin).to(x.dtype)
+        k = apply_rope(k, cos, sin).to(x.dtype)
+        if positions is None:
+            end = start + t
+            k_cache[:, :, start:end].copy_(k)
+            v_cache[:, :, start:end].copy_(v)
+            keys = k_cache[:, :, :end]
+            values = v_cache[:, :, :end]
+            if t == 1:
+                out = F.scaled_dot_product_attention(q, keys, values, scale=self.scale, enable_gqa=True)
+            elif start == 0:
+                out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.scale, enable_gqa=True)
+            else:
+                causal = torch.ones(t, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
+                out = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=causal, scale=self.scale, enable_gqa=True
+                )
+        else:
+            k_cache.index_copy_(2, positions, k)
+            v_cache.index_copy_(2, positions, v)
+            out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, scale=self.scale, enable_gqa=True)
+        out = out.transpose(1, 2).reshape(1, t, self.num_heads * self.head_dim)
+        return self.o_proj(out)  # type: ignore[no-any-return]
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.intermediate = intermediate
+        self.gate_up_proj: nn.Linear | None = None
+        """gate and up projections in one matrix once ``fuse()`` ran."""
+
+    def fuse(self) -> None:
+        self.gate_up_proj = fused_linear([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            gu = self.gate_up_proj(x)
+            return self.down_proj(F.silu(gu[..., : self.intermediate]) * gu[..., self.intermediate :])  # type: ignore[no-any-return]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # type: ignore[no-any-return]
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, start, mask, positions)
+        return x + self.mlp(self.post_attention_layernorm(x))  # type: ignore[no-any-return]
+
+
+class DecoderStack(nn.Module):
+    """``layers`` + final ``norm``; the embedding tables live with the owner (names follow the checkpoint)."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def run(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        start: int,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run every layer; returns the final-normed hidden states ``[1, T, hidden]``."""
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask, positions)
+        return self.norm(x)  # type: ignore[no-any-return]
+
+
+class KVCache:
+    """Preallocated keys and values for every layer: ``[layers, 1, kv_heads, max_len, head_dim]``."""
+
+    __slots__ = ("k", "max_len", "v")
+
+    def __init__(self, cfg: DecoderConfig, max_len: int, device: torch.device, dtype: torch.dtype) -> None:
+        shape = (cfg.num_layers, 1, cfg.num_kv_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len

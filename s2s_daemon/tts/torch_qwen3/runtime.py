@@ -1,0 +1,211 @@
+"""The decode loop: talker prefill, then per frame codebook 0, the code predictor, the next talker step.
+
+All state lives in buffers allocated once per request (KV caches, the frame-code matrix, the
+embedding scratch); the loop writes into them in place. On CUDA the talker step and the 15
+predictor steps can be replayed from CUDA graphs (``graphs.py``); everywhere else they run eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from s2s_daemon.tts.torch_qwen3.config import GenerationSettings, ModelConfig, SamplingSettings
+from s2s_daemon.tts.torch_qwen3.layers import KVCache, rope_tables
+from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings
+from s2s_daemon.tts.torch_qwen3.sampling import apply_repetition_penalty, choose
+from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights
+
+SUPPRESSED_TAIL = 1024
+"""The official generate suppresses the top 1024 codec ids (control codes) except EOS."""
+MIN_NEW_TOKENS = 2
+"""The official generate forbids EOS for the first two frames."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeOptions:
+    """Per-request decoding choices."""
+
+    max_frames: int
+    """Codec frames at most (12.5 per second of audio)."""
+    greedy: bool
+    seed: int | None
+
+
+class DecodeProbe:
+    """Receives raw float32 logits as they are computed (parity tests, diagnostics)."""
+
+    def talker_logits(self, step: int, logits: torch.Tensor) -> None:
+        """Codebook-0 logits before any processing; step 0 comes from the prefill."""
+
+    def predictor_logits(self, frame: int, group: int, logits: torch.Tensor) -> None:
+        """Logits for codebook ``group`` (1..G-1) of ``frame``."""
+
+
+class TalkerRuntime:
+    """Owns the weights on their device and runs the frame loop."""
+
+    def __init__(self, weights: Qwen3TtsWeights, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+        self.weights = weights
+        self.talker = weights.talker
+        self.cfg = cfg
+        self.device = device
+        self.dtype = dtype
+        tc = cfg.talker
+        self.groups = tc.num_code_groups
+        self.hidden = tc.decoder.hidden_size
+        vocab = tc.decoder.vocab_size
+        self._rope_len = 0
+        self._cos = torch.empty(0)
+        self._sin = torch.empty(0)
+        pc, ps = rope_tables(tc.predictor, self.groups + 1, device)
+        self.pred_cos, self.pred_sin = pc.to(dtype), ps.to(dtype)
+        self.pred_cache = KVCache(tc.predictor, self.groups + 1, device, dtype)
+        self.talker_cache: KVCache | None = None
+        suppress = torch.zeros(1, vocab, dtype=torch.bool, device=device)
+        suppress[:, max(0, vocab - SUPPRESSED_TAIL) :] = True
+        suppress[:, tc.codec_eos_id] = False
+        self.suppress = suppress
+        self.suppress_early = suppress.clone()
+        self.suppress_early[:, tc.codec_eos_id] = True
+        self.frame_embeds = torch.zeros(1, self.groups, self.hidden, device=device, dtype=dtype)
+        self.pred_input = torch.zeros(1, 2, self.hidden, device=device, dtype=dtype)
+        self.graphs: object | None = None
+        """A ``graphs.CudaGraphSteps`` when CUDA graphs are enabled."""
+        self.probe: DecodeProbe | None = None
+        """Test/diagnostic hook that sees raw logits; None in service."""
+
+    # -- positions ---------------------------------------------------------------------------
+    def ensure_capacity(self, positions: int) -> None:
+        """Make the talker rope tables and KV cache hold ``positions`` tokens."""
+        if positions > self._rope_len:
+            size = max(positions, 2 * self._rope_len, 256)
+            cos, sin = rope_tables(self.cfg.talker.decoder, size, self.device)
+            self._cos, self._sin = cos.to(self.dtype), sin.to(self.dtype)
+            self._rope_len = size
+        if self.talker_cache is None or self.talker_cache.max_len < positions:
+            self.talker_cache = None
+            size = max(positions, 256)
+            self.talker_cache = KVCache(self.cfg.talker.decoder, size, self.device, self.dtype)
+
+    # -- model pieces ------------------------------------------------------------------------
+    def prefill(self, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the prompt; returns (float32 logits ``[1, V]``, normed hidden ``[1, 1, H]``)."""
+        assert self.talker_cache is not None
+        n = embeds.shape[1]
+        h = self.talker.model.run(embeds, self._cos[:n], self._sin[:n], self.talker_cache, 0)
+        last = h[:, -1:]
+        return self.talker.codec_head(last)[:, 0].float(), last
+
+    def talker_step(self, x: torch.Tensor, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One talker position ``x`` ``[1, 1, H]`` at ``pos``; returns (logits, hidden)."""
+        assert self.talker_cache is not None
+        cos = self._cos[pos : pos + 1]
+        sin = self._sin[pos : pos + 1]
+        h = self.talker.model.run(x, cos, sin, self.talker_cache, pos)
+        return self.talker.codec_head(h)[:, 0].float(), h
+
+    def predictor_logits(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        """Predictor forward for codebook ``step + 1``: ``x`` is the talker-width input block.
+
+        Step 0 is the 2-position prefill (talker hidden, codebook-0 embedding) at positions 0..1;
+        step j > 0 is the single position j + 1 holding the embedding of codebook j.
+        """
+        cp = self.talker.code_predictor
+        h_in = cp.small_to_mtp_projection(x)
+        if step == 0:
+            h = cp.model.run(h_in, self.pred_cos[:2], self.pred_sin[:2], self.pred_cache, 0)
+        else:
+            pos = step + 1
+            h = cp.model.run(h_in, self.pred_cos[pos : pos + 1], self.pred_sin[pos : pos + 1], self.pred_cache, pos)
+        return cp.lm_head[step](h[:, -1]).float()  # type: ignore[no-any-return]
+
+    def predict_frame(
+        self,
+        hidden: torch.Tensor,
+        codes: torch.Tensor,
+        settings: SamplingSettings,
+        greedy: bool,
+        generator: torch.Generator | None,
+        frame: int = 0,
+    ) -> None:
+        """Fill ``codes[1:]`` (a ``[G]`` row whose ``codes[0]`` is set) and ``self.frame_embeds``."""
+        cp_tables = self.talker.code_predictor.model.codec_embedding
+        code0 = codes[0:1]
+        self.frame_embeds[0, 0:1].copy_(self.talker.model.codec_embedding(code0))
+        self.pred_input[:, 0:1].copy_(hidden)
+        self.pred_input[:, 1:2].copy_(self.frame_embeds[:, 0:1])
+        graphs = self.graphs
+        for step in range(self.groups - 1):
+            if graphs is not None:
+                logits = graphs.predictor(self, step)  # type: ignore[attr-defined]
+            elif step == 0:
+                logits = self.predictor_logits(self.pred_input, 0)
+            else:
+                logits = self.predictor_logits(self.frame_embeds[:, step : step + 1], step)
+            if self.probe is not None:
+                self.probe.predictor_logits(frame, step + 1, logits)
+            code = choose(logits, settings, greedy, generator)
+            codes[step + 1 : step + 2].copy_(code[0])
+            self.frame_embeds[0, step + 1 : step + 2].copy_(cp_tables[step](code[0]))
+
+    # -- the loop ----------------------------------------------------------------------------
+    def frames(
+        self,
+        prompt: PromptEmbeddings,
+        gen: GenerationSettings,
+        options: DecodeOptions,
+        should_stop: Callable[[], bool],
+    ) -> Iterator[torch.Tensor]:
+        """Yield one ``[G]`` long tensor (on the device) per codec frame until EOS or the budget.
+
+        ``should_stop`` is polled before every frame; True ends the iterator at once.
+        """
+        tc = self.cfg.talker
+        budget = max(0, options.max_frames)
+        prefill_len = prompt.prefill.shape[1]
+        self.ensure_capacity(prefill_len + budget + 1)
+        generator: torch.Generator | None = None
+        if not options.greedy:
+            generator = torch.Generator(device=self.device)
+            if options.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(options.seed)
+        codes = torch.zeros(max(budget, 1), self.groups, dtype=torch.long, device=self.device)
+        seen = torch.zeros(1, tc.decoder.vocab_size, dtype=torch.bool, device=self.device)
+        trailing = prompt.trailing
+        n_trailing = trailing.shape[0]
+        step_input = torch.zeros(1, 1, self.hidden, device=self.device, dtype=self.dtype)
+        if should_stop():
+            return
+        logits, hidden = self.prefill(prompt.prefill)
+        graphs = self.graphs
+        if graphs is not None:
+            graphs.begin(self, prefill_len)  # type: ignore[attr-defined]
+        probe = self.probe
+        for step in range(budget):
+            if probe is not None:
+                probe.talker_logits(step, logits)
+            logits = apply_repetition_penalty(logits, seen, gen.repetition_penalty)
+            mask = self.suppress_early if step < MIN_NEW_TOKENS else self.suppress
+            logits = logits.masked_fill(mask, float("-inf"))
+            code0 = choose(logits, gen.talker, options.greedy, generator)
+            if int(code0) == tc.codec_eos_id:
+                return
+            seen.scatter_(1, code0, True)
+            row = codes[step]
+            row[0:1].copy_(code0[0])
+            self.predict_frame(hidden, row, gen.predictor, options.greedy, generator, step)
+            yield row
+            if step + 1 >= budget or should_stop():
+                return
+            torch.sum(self.frame_embeds, dim=1, keepdim=True, out=step_input)
+            step_input[0, 0].add_(trailing[step] if step < n_trailing else prompt.pad)
+            pos = prefill_len + step
+            if graphs is not None:
+                logits, hidden = graphs.talker(self, step_input, pos)  # type: ignore[attr-defined]
+            else:
+                logits, hidden = self.talker_step(step_input, pos)

@@ -1,0 +1,44 @@
+"""Token choice with Hugging Face ``generate`` semantics, on tensors that stay on the device.
+
+Order (as transformers applies it): repetition penalty, suppression masks, then, when sampling,
+temperature, top-k, top-p and a multinomial draw. Greedy is argmax after the penalty and masks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from s2s_daemon.tts.torch_qwen3.config import SamplingSettings
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """HF RepetitionPenalty: divide positive, multiply negative logits of ids already generated.
+
+    ``logits`` float32 ``[1, V]``; ``seen`` bool ``[1, V]``.
+    """
+    if penalty == 1.0:
+        return logits
+    penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def choose(
+    logits: torch.Tensor, settings: SamplingSettings, greedy: bool, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Pick one id per row of float32 ``logits`` ``[1, V]``; returns a long tensor ``[1, 1]``."""
+    if greedy or not settings.do_sample:
+        return logits.argmax(dim=-1, keepdim=True)
+    scores = logits / settings.temperature if settings.temperature not in (0.0, 1.0) else logits
+    if settings.top_k > 0:
+        k = min(settings.top_k, scores.shape[-1])
+        kth = torch.topk(scores, k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if settings.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cumulative <= (1.0 - settings.top_p)
+        remove_sorted[..., -1:] = False
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)

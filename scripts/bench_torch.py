@@ -1,0 +1,165 @@
+"""Benchmark the torch engine per weight format: frames per second, time to first chunk, peak RSS.
+
+    .venv/bin/python -m s2s_daemon.tools.make_checkpoint /tmp/qwen3_06b_cv --size 0.6b --kind custom_voice
+    .venv/bin/python scripts/bench_torch.py /tmp/qwen3_06b_cv [--formats fp32,bf16,int8] [--frames 24]
+
+Each format runs in its own subprocess so its peak RSS is its own. Per format it loads the
+engine, warms up (2 frames), then synthesizes a ten-word sentence with a fixed frame count
+(random weights never say end-of-speech) in 4-frame chunks, greedy:
+
+- ``ttfa_ms``: from the synthesize call to the first 4-frame chunk (prefill + 4 frames + decode);
+- ``audio_fps``: codec frames per second of the whole stream, codec decoding included
+  (real time is 12.5);
+- ``talker_fps``: frames per second of the talker + code predictor alone (no codec);
+- ``peak_rss_mib``: the child's maximum resident set;
+- ``floor_ms``: bytes of weights one frame reads (talker layers + codec head once, predictor
+  layers + one head per codebook 1..15) divided by the measured read bandwidth: the fastest a
+  frame could be if matrix-vector products ran at memory speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TEXT = "The quick brown fox jumps over the lazy dog near the river."
+FORMATS = {
+    "fp32": {"dtype": "float32", "quantization": "none"},
+    "bf16": {"dtype": "bfloat16", "quantization": "none"},
+    "int8": {"dtype": "float32", "quantization": "int8"},
+}
+
+
+def read_bandwidth_gbs(threads: int) -> float:
+    """Best of five full reads of a 256 MiB float32 tensor (sum), GB/s."""
+    import torch
+
+    torch.set_num_threads(threads)
+    x = torch.ones(64 * 1024 * 1024)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        float(x.sum())
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best / 1e9
+
+
+def weight_bytes_per_frame(engine: Any) -> int:
+    """Bytes of weights read to produce one frame."""
+    from torch import nn
+
+    from s2s_daemon.tts.torch_qwen3.quant import Int8Linear
+
+    def size(module: nn.Module) -> int:
+        total = 0
+        for m in module.modules():
+            if isinstance(m, Int8Linear):
+                total += m.weight_bytes
+            else:
+                total += sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
+        return total
+
+    talker = engine.runtime.talker
+    cp = talker.code_predictor
+    groups = engine.runtime.groups
+    per_frame = size(talker.model.layers) + size(talker.codec_head)
+    per_group = size(cp.model.layers) + size(cp.small_to_mtp_projection) + size(cp.lm_head[0])
+    return per_frame + (groups - 1) * per_group
+
+
+def run_one(model: str, fmt: str, frames: int, threads: int) -> dict[str, Any]:
+    import torch
+
+    from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
+    from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
+
+    torch.set_num_threads(threads)
+    opts = FORMATS[fmt]
+    engine = TorchQwen3Engine(
+        EngineOptions(
+            model=model,
+            device="cpu",
+            dtype=opts["dtype"],
+            quantization=opts["quantization"],
+            extra={"max_frames": str(frames), "threads": str(threads)},
+        )
+    )
+    t0 = time.perf_counter()
+    info = engine.load_blocking()
+    load_s = time.perf_counter() - t0
+    engine.warmup_blocking()
+    request = SynthesisRequest(text=TEXT, voice=info.voices[0] if info.voices else None, language="english",
+                               chunk_frames=4, greedy=True)  # fmt: skip
+    t0 = time.perf_counter()
+    first: float | None = None
+    samples = 0
+    for chunk in engine.synthesize_blocking(request, lambda: False):
+        if first is None:
+            first = time.perf_counter() - t0
+        samples += len(chunk)
+    total = time.perf_counter() - t0
+    got_frames = samples // 1920
+    t0 = time.perf_counter()
+    codes = engine.codes_blocking(request, max_frames=frames)
+    talker_s = time.perf_counter() - t0
+    bytes_per_frame = weight_bytes_per_frame(engine)
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "format": fmt,
+        "threads": threads,
+        "load_s": round(load_s, 1),
+        "frames": got_frames,
+        "ttfa_ms": round(1000 * (first or 0.0), 0),
+        "audio_fps": round(got_frames / total, 2),
+        "talker_fps": round(codes.shape[0] / talker_s, 2),
+        "peak_rss_mib": round(peak_kib / 1024, 0),
+        "weight_mib_per_frame": round(bytes_per_frame / 2**20, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="checkpoint folder (e.g. a 0.6b random checkpoint from make_checkpoint)")
+    parser.add_argument("--formats", default="fp32,bf16,int8")
+    parser.add_argument("--frames", type=int, default=24)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_one(args.model, args.child, args.frames, args.threads)))
+        return 0
+    bandwidth = read_bandwidth_gbs(args.threads)
+    print(f"machine: {os.cpu_count()} logical cores, load {os.getloadavg()[0]:.1f}, threads {args.threads}, "
+          f"read bandwidth {bandwidth:.1f} GB/s")  # fmt: skip
+    rows = []
+    for fmt in args.formats.split(","):
+        cmd = [sys.executable, str(Path(__file__).resolve()), args.model, "--child", fmt,
+               "--frames", str(args.frames), "--threads", str(args.threads)]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            print(f"{fmt}: failed (rc {proc.returncode})\n{proc.stderr[-2000:]}")
+            continue
+        row = json.loads(lines[-1])
+        row["floor_ms"] = round(row["weight_mib_per_frame"] * 2**20 / (bandwidth * 1e9) * 1000, 1)
+        row["ms_per_frame"] = round(1000 / row["talker_fps"], 1) if row["talker_fps"] else None
+        rows.append(row)
+        print(json.dumps(row))
+    print()
+    header = ("format", "ttfa_ms", "audio_fps", "talker_fps", "ms_per_frame", "floor_ms", "weight_mib_per_frame",
+              "peak_rss_mib", "load_s")  # fmt: skip
+    print(" | ".join(header))
+    for row in rows:
+        print(" | ".join(str(row.get(h)) for h in header))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
