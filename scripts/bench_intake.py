@@ -29,6 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import psutil  # noqa: E402
+
 from tests.support.broker import Mosquitto  # noqa: E402
 from tests.support.daemon import DaemonProcess, write_config  # noqa: E402
 from tests.support.mqtt import recorder  # noqa: E402
@@ -92,7 +94,12 @@ async def main() -> None:
         proc.start()
         try:
             lat = await overhead(broker.port, args.samples)
+            assert proc.proc is not None
+            daemon = psutil.Process(proc.proc.pid)
+            before = daemon.cpu_times()
             rate, outcome = await throughput(broker.port, args.requests)
+            after = daemon.cpu_times()
+            cpu_s = (after.user + after.system) - (before.user + before.system)
         finally:
             proc.signal(signal.SIGTERM)
             await proc.wait(30)
@@ -103,6 +110,10 @@ async def main() -> None:
     print(f"          p50 {p50:.2f} ms   p99 {p99:.2f} ms   max {max(lat):.2f} ms   goal p99 < 5 ms")
     print(f"throughput {args.requests} say requests, max_pending {args.max_pending}:")
     print(f"          {rate:.0f} requests/s answered   {outcome}   goal >= 1000/s, none dropped")
+    print(
+        f"          daemon CPU {cpu_s:.2f} s for {args.requests} requests = {1000 * cpu_s / args.requests:.2f} ms each"
+        f" ({args.requests / cpu_s:.0f} requests per daemon CPU-second; the client and broker share the same 2 cores)"
+    )
 
 
 if __name__ == "__main__":

@@ -63,10 +63,15 @@ class EngineWorker:
         """
         holder: list[Iterator[Samples]] = []
 
+        exhausted = False
+
         def next_blocking() -> Samples | None:
+            nonlocal exhausted
             if not holder:  # the first pull also starts the generator: one thread hop, not two
                 holder.append(iter(self.engine.synthesize_blocking(request, should_stop)))
-            return next(holder[0], None)
+            chunk = next(holder[0], None)
+            exhausted = chunk is None
+            return chunk
 
         def close_blocking() -> None:
             close = getattr(holder[0], "close", None) if holder else None
@@ -80,8 +85,9 @@ class EngineWorker:
                     return
                 yield chunk
         finally:
-            # Shielded so a cancelled consumer still releases the generator on its own thread.
-            await asyncio.shield(self._call(close_blocking))
+            if holder and not exhausted:  # an exhausted generator has nothing to release
+                # Shielded so a cancelled consumer still releases the generator on its own thread.
+                await asyncio.shield(self._call(close_blocking))
 
     async def close(self) -> None:
         try:
