@@ -254,6 +254,22 @@ def test_streaming_chunks(cv: TorchQwen3Engine) -> None:
     assert float(np.abs(np.concatenate(chunks)).max()) > 0.0
 
 
+def test_smaller_first_chunk() -> None:
+    """first_chunk_frames=1: one frame first (sooner first audio), then full chunks; same audio."""
+    engine = _engine(CV, max_frames="10", first_chunk_frames="1")
+    request = _request(chunk_frames=4, greedy=True)
+    chunks = list(engine.synthesize_blocking(request, lambda: False))
+    assert [len(c) for c in chunks] == [
+        SAMPLES_PER_FRAME,
+        4 * SAMPLES_PER_FRAME,
+        4 * SAMPLES_PER_FRAME,
+        SAMPLES_PER_FRAME,
+    ]
+    one_shot = engine.codec.decode(engine.codes_blocking(request)).float().numpy()
+    assert float(np.abs(np.concatenate(chunks) - one_shot).max()) < 1e-4
+    engine.close_blocking()
+
+
 def test_streaming_equals_one_shot_decode(cv: TorchQwen3Engine) -> None:
     request = _request(chunk_frames=4, greedy=True)
     streamed = np.concatenate(list(cv.synthesize_blocking(request, lambda: False)))

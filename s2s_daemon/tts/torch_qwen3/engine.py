@@ -13,6 +13,8 @@ the utterance's own tokens. At 12.5 frames/s that is 2.4 s plus 0.64 s per token
 spends about 0.2-0.3 s per BPE token (English word pieces, CJK characters), so the budget leaves
 2-3x headroom for slow voices and still ends a runaway within seconds on short texts.
 ``EngineOptions.extra['max_frames']`` lowers it further (tests, benchmarks).
+``EngineOptions.extra['first_chunk_frames']`` makes the first chunk smaller than ``chunk_frames``
+(sooner first audio; later chunks keep the full size).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from s2s_daemon.tts.torch_qwen3.config import (
     load_generation_settings,
     load_model_config,
 )
-from s2s_daemon.tts.torch_qwen3.layers import fuse_projections
+from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout
 from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings, PromptTokens, build_embeddings, codec_prefix, tokenize
 from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, TalkerRuntime
 from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights
@@ -203,6 +205,8 @@ class TorchQwen3Engine:
             from s2s_daemon.tts.torch_qwen3.quant import quantize_linears
 
             quantize_linears(weights.talker)
+        else:
+            matvec_layout(weights.talker)
         self.codec = self._load_codec(folder, device, dtype)
         if cfg.mode == "base":
             self._load_clone_encoders(folder, device, dtype)
@@ -395,6 +399,8 @@ class TorchQwen3Engine:
         if max_frames is not None:
             budget = min(budget, max_frames)
         chunk = max(1, int(request.chunk_frames))
+        # A smaller first chunk gets the first sound out sooner; later chunks are full size.
+        first = max(1, min(chunk, self._extra_int("first_chunk_frames") or chunk))
         stream = self.codec.stream()
         if ref_codes is not None and ref_codes.shape[0] > 0:
             stream.push(ref_codes.to(self.device))  # left context for the decoder; the reference audio is not played
@@ -406,7 +412,7 @@ class TorchQwen3Engine:
         for row in runtime.frames(prompt, gen, options, should_stop):
             pending.append(row)
             frames += 1
-            if len(pending) >= chunk:
+            if len(pending) >= (first if first_chunk_s is None else chunk):
                 audio = self._decode(stream, pending)
                 pending = []
                 if first_chunk_s is None:

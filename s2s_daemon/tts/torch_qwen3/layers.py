@@ -34,6 +34,28 @@ def fuse_projections(root: nn.Module) -> None:
             module.fuse()
 
 
+def matvec_layout(root: nn.Module) -> int:
+    """Store wide CPU float32 weights column-major; returns how many linears changed.
+
+    Decoding runs every linear on one row. For ``out_features > in_features`` torch's CPU BLAS
+    reads a row-major ``[out, in]`` weight at ~11 GB/s in that matrix-vector product but a
+    column-major one (``W.t().contiguous().t()``, same values and shape) at ~20-25 GB/s on the
+    2-core CI box; square and narrow weights gain nothing and stay as they are. A 40-token prefill
+    got ~7% slower, decoding ~20% faster per frame (predictor + talker steps, 2 threads). Call
+    after ``fuse_projections``; the int8 path replaces these linears and does not need it.
+    """
+    count = 0
+    for module in root.modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        w = module.weight
+        if w.device.type != "cpu" or w.dtype != torch.float32 or module.out_features <= module.in_features:
+            continue
+        module.weight = nn.Parameter(w.detach().t().contiguous().t(), requires_grad=False)
+        count += 1
+    return count
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm computed in float32, as the official model does."""
 
@@ -43,8 +65,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # F.rms_norm without a weight is ``x * rsqrt(mean(x^2) + eps)`` in one kernel; the official
-        # order (normalize in float32, cast back, then scale) is kept.
+        # The official order (normalize in float32, cast back, then scale) is kept. For float32 input
+        # the explicit form runs half the ops of F.rms_norm's CPU decomposition (no casts), which
+        # matters on the ~430 norms of a decoded frame, each over one 128..1024-wide row.
+        if x.dtype == torch.float32:
+            return self.weight * (x * (x * x).mean(-1, keepdim=True).add_(self.eps).rsqrt_())
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * h.to(x.dtype)
 
