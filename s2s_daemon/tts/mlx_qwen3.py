@@ -130,6 +130,9 @@ class _Loaded:
 class MlxQwen3Engine:
     """Qwen3-TTS through mlx-audio; every method runs on the engine's one worker thread."""
 
+    park_thread_on_close = True
+    """MLX aborts the process at exit when the thread that ran it has ended: keep it parked."""
+
     def __init__(self, options: EngineOptions) -> None:
         self._options = options
         quant = options.extra.get("mlx_quantization", options.quantization)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from s2s_daemon.tts.engine import DeviceMemory, EngineInfo, Samples, SynthesisRequest, TtsEngine
 
@@ -31,12 +32,54 @@ class Generation:
         return lambda: self.value != started
 
 
+class EngineThread(concurrent.futures.Executor):
+    """One daemon thread that runs submitted calls in order.
+
+    Unlike a ThreadPoolExecutor, whose threads end at shutdown and are joined at exit, this
+    thread can be *parked* instead: MLX aborts the process at exit ("terminate called without
+    an active exception") when the thread that ran it has ended, so an engine that sets
+    ``park_thread_on_close`` keeps its idle thread until the process ends.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            future, fn = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the awaiting coroutine, which re-raises it
+                future.set_exception(exc)
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        if self._closed:
+            raise RuntimeError("engine thread is shut down")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._calls.put((future, lambda: fn(*args, **kwargs)))
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False, park: bool = False) -> None:
+        self._closed = True
+        if not park:
+            self._calls.put(None)
+            if wait:
+                self._thread.join()
+
+
 class EngineWorker:
     """Owns the engine and the single thread every engine call runs on."""
 
     def __init__(self, engine: TtsEngine) -> None:
         self.engine = engine
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="s2s.engine")
+        self._pool = EngineThread("s2s.engine")
         self._thread_ident: int | None = None
 
     async def _call(self, fn: Callable[[], T]) -> T:
@@ -93,4 +136,4 @@ class EngineWorker:
         try:
             await self._call(self.engine.close_blocking)
         finally:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=False, park=bool(getattr(self.engine, "park_thread_on_close", False)))
