@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 from pathlib import Path
 
 import structlog
@@ -73,8 +74,6 @@ async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
             default_voice=config.tts.voice,
             default_language=config.tts.language,
         )
-        import json
-
         payload = {"text": args.text, "voice": args.voice, "language": args.language, "instruct": args.instruct}
         parsed = parse_say(
             json.dumps({k: v for k, v in payload.items() if v is not None}).encode(), rules, origin="cli"

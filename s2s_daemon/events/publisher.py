@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import structlog
 
+from s2s_daemon import __version__
 from s2s_daemon.intake.mqtt import OutMessage
 from s2s_daemon.intake.topics import HERMES_ERROR, HERMES_SAY_FINISHED, Topics, hermes_vad
 from s2s_daemon.pipeline.jobs import Job
@@ -172,7 +173,7 @@ class MqttEvents:
     def info_message(self) -> OutMessage:
         info = self.info
         payload = {
-            "version": _version(),
+            "version": __version__,
             "siteId": self.topics.site_id,
             "engine": info.engine,
             "model": info.model,
@@ -196,9 +197,3 @@ class MqttEvents:
                 self._last_state = snapshot
                 self._publish(self._state_out(snapshot))
             await asyncio.sleep(STATE_MIN_INTERVAL_S)
-
-
-def _version() -> str:
-    from s2s_daemon import __version__
-
-    return __version__
