@@ -9,6 +9,7 @@ a publish is only taken off the outbox once the broker acknowledged it (at least
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import random
 import socket
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import aiomqtt
 import structlog
+from paho.mqtt import client as mqtt_client
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -73,6 +75,86 @@ def _payload_bytes(payload: object) -> bytes:
     if payload is None:
         return b""
     return str(payload).encode()
+
+
+ACK_TIMEOUT_S = 10.0
+"""A broker that acknowledges nothing for this long is treated as a lost connection."""
+
+
+class _Ack:
+    """Stands in for aiomqtt's per-publish ``asyncio.Event``: its ``set()`` is the PUBACK."""
+
+    __slots__ = ("mid", "tracker")
+
+    def __init__(self, tracker: _AckTracker, mid: int) -> None:
+        self.tracker = tracker
+        self.mid = mid
+
+    def set(self) -> None:
+        self.tracker.acknowledged(self.mid)
+
+
+class _AckTracker:
+    """Publishes straight through the paho client that aiomqtt wraps, without a task,
+    an event and a timeout per message.
+
+    aiomqtt's ``publish`` costs a task, an ``asyncio.Event``, a ``wait_for`` and (once
+    more than 10 are pending) a warning log call per message; at hundreds of events per
+    second that was a large part of the daemon's publishing cost. This hands the packet
+    to paho and registers an ``_Ack`` in aiomqtt's table of pending publishes, which
+    aiomqtt's own ``on_publish`` callback completes on the PUBACK. It relies on two
+    aiomqtt 2.x internals (``_client`` and ``_pending_publishes``, the same from 2.0 to
+    2.5); ``attach`` refuses an aiomqtt without them, and a test checks the installed one.
+    """
+
+    def __init__(self, paho: object, pending: dict[int, object]) -> None:
+        self._paho = paho
+        self._pending = pending
+        self.inflight: collections.OrderedDict[int, OutMessage] = collections.OrderedDict()
+        self._space = asyncio.Event()
+
+    @classmethod
+    def attach(cls, client: aiomqtt.Client) -> _AckTracker:
+        paho = getattr(client, "_client", None)
+        pending = getattr(client, "_pending_publishes", None)
+        if paho is None or not callable(getattr(paho, "publish", None)) or not isinstance(pending, dict):
+            raise RuntimeError(
+                "this aiomqtt lacks the internals the MQTT link publishes through "
+                "(Client._client, Client._pending_publishes); install aiomqtt 2.x"
+            )
+        return cls(paho, pending)
+
+    def publish(self, message: OutMessage, properties: Properties | None) -> None:
+        info = self._paho.publish(  # type: ignore[attr-defined]
+            message.topic, message.payload, message.qos, message.retain, properties
+        )
+        if info.rc != mqtt_client.MQTT_ERR_SUCCESS:
+            raise aiomqtt.MqttCodeError(info.rc, "Could not publish message")
+        if message.qos > 0 and not info.is_published():
+            self.inflight[info.mid] = message
+            self._pending[info.mid] = _Ack(self, info.mid)
+
+    def acknowledged(self, mid: int) -> None:
+        self.inflight.pop(mid, None)
+        self._space.set()
+
+    async def wait_below(self, limit: int) -> None:
+        """Wait until fewer than ``limit`` publishes are unacknowledged."""
+        try:
+            async with asyncio.timeout(ACK_TIMEOUT_S):
+                while len(self.inflight) >= limit:
+                    self._space.clear()
+                    await self._space.wait()
+        except TimeoutError:
+            raise aiomqtt.MqttError(f"the broker acknowledged nothing for {ACK_TIMEOUT_S:.0f} s") from None
+
+    def drain(self) -> list[OutMessage]:
+        """The unacknowledged messages, oldest first; forgets them."""
+        messages = list(self.inflight.values())
+        for mid in self.inflight:
+            self._pending.pop(mid, None)
+        self.inflight.clear()
+        return messages
 
 
 class MqttLink:
@@ -237,71 +319,55 @@ class MqttLink:
             )
 
     async def _next(self) -> OutMessage | None:
-        """The next outbox message, or None once closing was requested."""
+        """The next outbox message, or None once closing was requested.
+
+        Nothing is taken from the outbox until it is returned: a cancellation while
+        waiting (a disconnect) cannot lose a message.
+        """
         if len(self.outbox):
             return self.outbox.get_nowait()
-        get = asyncio.ensure_future(self.outbox.get())
+        ready = asyncio.ensure_future(self.outbox.wait_readable())
         closing = asyncio.ensure_future(self._closing.wait())
         try:
-            await asyncio.wait({get, closing}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({ready, closing}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            ready.cancel()
             closing.cancel()
-            if not get.done():
-                get.cancel()
-        if get.done() and not get.cancelled():
-            return get.result()
-        return None
+        return self.outbox.get_nowait() if len(self.outbox) else None
 
     async def _pump(self, client: aiomqtt.Client) -> None:
         """Publish the outbox, up to PUBLISH_WINDOW unacknowledged at once, in order.
 
-        A message leaves the outbox for good only when the broker acknowledged it; on a
-        failure or a disconnect, every unacknowledged one goes back to the head.
+        A message leaves the outbox for good only when the broker acknowledged it (QoS 1)
+        or paho took it (QoS 0); on a failure or a disconnect every unacknowledged one goes
+        back to the head of the outbox, in order.
         """
-        window = asyncio.Semaphore(PUBLISH_WINDOW)
-        inflight: dict[asyncio.Task[None], OutMessage] = {}
-        failures: list[aiomqtt.MqttError] = []
-
-        async def send(message: OutMessage) -> None:
-            try:
-                await self._send(client, message)
-            except aiomqtt.MqttError as exc:
-                failures.append(exc)
-                raise
-            finally:
-                window.release()
-
-        def settled(task: asyncio.Task[None]) -> None:
-            if not task.cancelled() and task.exception() is None:
-                inflight.pop(task, None)
-
+        acks = _AckTracker.attach(client)
         try:
-            while not failures:
+            while True:
                 if self._closing.is_set() and len(self.outbox) == 0:
                     break
                 message = await self._next()
                 if message is None:
                     continue
-                await window.acquire()
-                task = asyncio.create_task(send(message), name="s2s.mqtt.publish")
-                inflight[task] = message
-                task.add_done_callback(settled)
-            if inflight and not failures:
-                await asyncio.wait(set(inflight))
-            if failures:
-                raise failures[0]
+                try:
+                    if len(acks.inflight) >= PUBLISH_WINDOW:
+                        await acks.wait_below(PUBLISH_WINDOW)
+                    acks.publish(message, self._properties(message))
+                except BaseException:
+                    self.outbox.put_front_nowait(message)
+                    raise
+            await acks.wait_below(1)
         finally:
-            for task in inflight:
-                task.cancel()
-            for message in reversed(list(inflight.values())):
+            for message in reversed(acks.drain()):
                 self.outbox.put_front_nowait(message)
 
-    async def _send(self, client: aiomqtt.Client, message: OutMessage) -> None:
-        props = None
-        if message.correlation_data is not None and self.protocol is aiomqtt.ProtocolVersion.V5:
-            props = Properties(PacketTypes.PUBLISH)
-            props.CorrelationData = message.correlation_data
-        await client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain, properties=props)
+    def _properties(self, message: OutMessage) -> Properties | None:
+        if message.correlation_data is None or self.protocol is not aiomqtt.ProtocolVersion.V5:
+            return None
+        props = Properties(PacketTypes.PUBLISH)
+        props.CorrelationData = message.correlation_data
+        return props
 
     async def close(self, last: list[OutMessage], timeout_s: float = 5.0) -> None:
         """Flush the outbox, publish ``last`` (e.g. retained offline), then disconnect."""

@@ -107,6 +107,10 @@ class Channel(Generic[T]):
             await self._readable.wait()
         return self.get_nowait()
 
+    async def wait_readable(self) -> None:
+        """Until an item is buffered or the channel is closed; takes nothing."""
+        await self._readable.wait()
+
     def clear(self) -> list[T]:
         """Remove and return everything buffered (stop, barge-in)."""
         items = list(self._items)
