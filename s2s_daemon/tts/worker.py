@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any, TypeVar
 
 from s2s_daemon.tts.engine import DeviceMemory, EngineInfo, Samples, SynthesisRequest, TtsEngine
@@ -74,6 +75,120 @@ class EngineThread(concurrent.futures.Executor):
                 self._thread.join()
 
 
+STREAM_AHEAD = 8
+"""Chunks the engine thread produces ahead of the consumer before it pauses."""
+
+_END = object()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class _Stream:
+    """One utterance's chunks, from a generator on the engine thread to the event loop.
+
+    The engine thread runs the generator ahead of the consumer until ``capacity`` chunks
+    wait, then *returns* (so other engine calls, e.g. memory figures, can run) and is
+    resubmitted once the consumer has taken half of them. The event loop is woken only
+    when it is actually waiting: a zero-cost utterance costs one hop, not one per chunk.
+    Every generator operation (create, advance, close) happens on the engine thread.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        submit: Callable[[Callable[[], None]], None],
+        start: Callable[[], Iterator[Samples]],
+        capacity: int,
+    ) -> None:
+        self._loop = loop
+        self._submit = submit
+        self._start = start
+        self._capacity = capacity
+        self._chunks: Iterator[Samples] | None = None
+        self._items: collections.deque[Samples] = collections.deque()
+        self._lock = threading.Lock()
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self._finished = False
+        self._error: BaseException | None = None
+        self.closed = False
+        """Set by the consumer; the engine's ``should_stop`` sees it too."""
+
+    # -- engine thread -----------------------------------------------------------------
+
+    def produce(self) -> None:
+        """Advance the generator until the buffer is full, it ends, or the consumer left."""
+        try:
+            if self._chunks is None:
+                if self.closed:
+                    return
+                self._chunks = iter(self._start())
+            while True:
+                with self._lock:
+                    if self.closed:
+                        return
+                    if len(self._items) >= self._capacity:
+                        self._paused = True
+                        return
+                chunk = next(self._chunks, _END)
+                if chunk is _END:
+                    self._finish(None)
+                    return
+                self._put(chunk)  # type: ignore[arg-type]
+        except BaseException as exc:  # re-raised on the event loop by the consumer
+            self._finish(exc)
+
+    def release(self) -> None:
+        """Close the generator (after a stop, an error or an early exit of the consumer)."""
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+
+    def _put(self, chunk: Samples) -> None:
+        with self._lock:
+            self._items.append(chunk)
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            self._loop.call_soon_threadsafe(_wake, waiter)
+
+    def _finish(self, error: BaseException | None) -> None:
+        with self._lock:
+            self._finished = True
+            self._error = error
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            self._loop.call_soon_threadsafe(_wake, waiter)
+
+    # -- event loop --------------------------------------------------------------------
+
+    async def get(self) -> Samples | None:
+        """The next chunk; None at the end; re-raises the engine's exception."""
+        while True:
+            with self._lock:
+                if self._items:
+                    chunk = self._items.popleft()
+                    if self._paused and len(self._items) <= self._capacity // 2:
+                        self._paused = False
+                        self._submit(self.produce)
+                    return chunk
+                if self._finished:
+                    if self._error is not None:
+                        raise self._error
+                    return None
+                waiter = self._waiter = self._loop.create_future()
+            await waiter
+
+    def close(self) -> bool:
+        """Stop producing; True when the generator already ended (nothing to release)."""
+        with self._lock:
+            self.closed = True
+            self._items.clear()
+            return self._finished
+
+
 class EngineWorker:
     """Owns the engine and the single thread every engine call runs on."""
 
@@ -99,38 +214,33 @@ class EngineWorker:
     async def memory(self) -> DeviceMemory:
         return await self._call(self.engine.memory_blocking)
 
-    async def stream(self, request: SynthesisRequest, should_stop: Callable[[], bool]) -> AsyncIterator[Samples]:
-        """Yield chunks as the engine produces them; stops pulling once ``should_stop()``.
+    async def stream(self, request: SynthesisRequest, should_stop: Callable[[], bool]) -> AsyncGenerator[Samples, None]:
+        """Yield chunks as the engine produces them; the engine stops once ``should_stop()``.
 
-        The generator object is created, advanced and closed on the engine thread.
+        The engine thread runs up to ``STREAM_AHEAD`` chunks ahead of the consumer (see
+        ``_Stream``).
         """
-        holder: list[Iterator[Samples]] = []
+        loop = asyncio.get_running_loop()
 
-        exhausted = False
+        def stop() -> bool:
+            return stream.closed or should_stop()
 
-        def next_blocking() -> Samples | None:
-            nonlocal exhausted
-            if not holder:  # the first pull also starts the generator: one thread hop, not two
-                holder.append(iter(self.engine.synthesize_blocking(request, should_stop)))
-            chunk = next(holder[0], None)
-            exhausted = chunk is None
-            return chunk
+        def submit(fn: Callable[[], None]) -> None:
+            self._pool.submit(fn)
 
-        def close_blocking() -> None:
-            close = getattr(holder[0], "close", None) if holder else None
-            if close is not None:
-                close()
-
+        stream = _Stream(loop, submit, lambda: self.engine.synthesize_blocking(request, stop), STREAM_AHEAD)
+        submit(stream.produce)
         try:
             while not should_stop():
-                chunk = await self._call(next_blocking)
+                chunk = await stream.get()
                 if chunk is None:
                     return
                 yield chunk
         finally:
-            if holder and not exhausted:  # an exhausted generator has nothing to release
-                # Shielded so a cancelled consumer still releases the generator on its own thread.
-                await asyncio.shield(self._call(close_blocking))
+            if not stream.close():
+                # Queued behind any produce() still running; shielded so a cancelled
+                # consumer still has the generator closed on its own thread.
+                await asyncio.shield(self._call(stream.release))
 
     async def close(self) -> None:
         try:
