@@ -38,6 +38,8 @@ log = structlog.get_logger(__name__)
 UTTERANCES_AHEAD = 1
 """Utterances synthesized ahead of the one playing (gapless hand-over, bounded memory)."""
 CLOSE_TIMEOUT_S = 5.0
+MEMORY_MIN_INTERVAL_S = 0.25
+"""Per-utterance memory events are at most this often (a burst of short utterances shares one)."""
 
 
 def engine_options(config: DaemonConfig) -> EngineOptions:
@@ -285,6 +287,9 @@ class Daemon:
             self._memory_now.clear()
             device = await worker.memory()
             events.memory(memory_payload(self.config.site_id, now_ms(), device))
+            # Utterances that end in a burst share one event: the next one waits out the
+            # minimum gap, then reports the memory after the latest of them.
+            await asyncio.sleep(MEMORY_MIN_INTERVAL_S)
 
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval_s
