@@ -8,6 +8,7 @@ A text containing ``#fail`` raises inside synthesis (an engine error).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 
@@ -27,6 +28,16 @@ from s2s_daemon.tts.registry import register_engine
 SAMPLE_RATE = 24_000
 FRAME_SAMPLES = 1920
 """One 12.5 Hz codec frame."""
+
+
+@functools.lru_cache(maxsize=256)
+def tone(freq: float, first_frame: int, frames: int) -> Samples:
+    """Frames ``first_frame`` .. ``+frames`` of a sine; cached so that at full speed the
+    engine costs next to nothing and benchmarks measure the daemon, not ``np.sin``."""
+    t = (np.arange(frames * FRAME_SAMPLES) + first_frame * FRAME_SAMPLES) / SAMPLE_RATE
+    chunk = (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+    chunk.flags.writeable = False
+    return chunk
 
 
 class ToneEngine:
@@ -63,8 +74,7 @@ class ToneEngine:
             if should_stop():
                 return
             n = min(chunk_frames, total_frames - frame)
-            t = (np.arange(n * FRAME_SAMPLES) + frame * FRAME_SAMPLES) / SAMPLE_RATE
-            chunk = (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+            chunk = tone(freq, frame, n)
             frame += n
             if self.speed > 0:
                 due = start + frame * 0.08 / self.speed
