@@ -203,6 +203,7 @@ async def main() -> None:
             if spy is not None and args.profile is not None:
                 report_profile(spy, args.profile)
             cpu_s = (after.user + after.system) - (before.user + before.system)
+            user_s = after.user - before.user
         finally:
             proc.signal(signal.SIGTERM)
             await proc.wait(30)
@@ -214,7 +215,8 @@ async def main() -> None:
     print(f"throughput {args.requests} say requests, max_pending {args.max_pending}, {args.client} client:")
     print(f"          {rate:.0f} requests/s answered   {outcome}   goal >= 1000/s, none dropped")
     print(
-        f"          daemon CPU {cpu_s:.2f} s for {args.requests} requests = {1000 * cpu_s / args.requests:.2f} ms each"
+        f"          daemon CPU {cpu_s:.2f} s ({user_s:.2f} user, {cpu_s - user_s:.2f} system) for {args.requests}"
+        f" requests = {1000 * cpu_s / args.requests:.2f} ms each"
         f" ({args.requests / cpu_s:.0f} requests per daemon CPU-second; the client and broker share the same 2 cores)"
     )
 

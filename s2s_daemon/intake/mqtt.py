@@ -16,6 +16,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiomqtt
 import structlog
@@ -56,7 +57,7 @@ class InMessage:
     """Monotonic seconds when the message came off the socket."""
 
 
-def _reply_to(message: aiomqtt.Message) -> ReplyTo | None:
+def _reply_to(message: Any) -> ReplyTo | None:
     props = message.properties
     if props is None:
         return None
@@ -182,6 +183,9 @@ class MqttLink:
         self._closing = asyncio.Event()
         self._closed = asyncio.Event()
         self._password: str | None = None
+        self._inbox: collections.deque[tuple[Any, float]] = collections.deque()
+        """Messages read by paho, not yet handled: (message, monotonic receipt time)."""
+        self._draining = False
 
     # -- publishing --------------------------------------------------------------------
 
@@ -289,7 +293,68 @@ class MqttLink:
                     async with asyncio.timeout(delay):
                         await self._closing.wait()
 
+    def _receive_directly(self, client: aiomqtt.Client) -> None:
+        """Take incoming messages in paho's ``on_message`` callback, on the event loop.
+
+        aiomqtt wraps each message in its own ``Message`` and hands it over through an
+        ``asyncio.Queue`` with a task and an ``asyncio.wait`` per message; at hundreds of
+        requests per second that was a tenth of the daemon's CPU. Messages aiomqtt queued
+        before the switch (a persistent session delivers right after the CONNACK) are
+        handled first, so the order is kept. aiomqtt's message iterator still runs
+        (``_receive``): it ends the connection's task group when the broker goes away.
+        """
+        paho = getattr(client, "_client", None)
+        queue = getattr(client, "_queue", None)
+        if paho is None or not isinstance(queue, asyncio.Queue):
+            return  # an aiomqtt without these internals: _receive takes every message
+        loop = asyncio.get_running_loop()
+        while not queue.empty():
+            self._inbox.append((queue.get_nowait(), loop.time()))
+
+        def on_message(_client: object, _userdata: object, message: object) -> None:
+            self._inbox.append((message, loop.time()))
+            if not self._draining:
+                self._draining = True
+                loop.call_soon(self._drain)
+
+        paho.on_message = on_message
+        if self._inbox and not self._draining:
+            self._draining = True
+            loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        """Handle one received message, then let other ready work run before the next.
+
+        paho reads every packet waiting on the socket in one go; handling them all at once
+        would fill the request queue before the TTS stage ever ran (a burst would be
+        rejected while the engine idles). One message per event-loop turn keeps intake and
+        synthesis interleaved, as aiomqtt's iterator did, for one callback instead of a task.
+        """
+        try:
+            message, received_at = self._inbox.popleft()
+            self._deliver(message, received_at)
+        except Exception:  # a bug in a handler must not stop the intake
+            log.exception("mqtt_message_handler_failed")
+        finally:
+            if self._inbox:
+                asyncio.get_running_loop().call_soon(self._drain)
+            else:
+                self._draining = False
+
+    def _deliver(self, message: Any, received_at: float) -> None:
+        """One message from aiomqtt (``Message``) or paho (``MQTTMessage``)."""
+        topic = message.topic
+        self.on_message(
+            InMessage(
+                topic if isinstance(topic, str) else topic.value,
+                _payload_bytes(message.payload),
+                _reply_to(message),
+                received_at,
+            )
+        )
+
     async def _serve(self, client: aiomqtt.Client) -> None:
+        self._receive_directly(client)
         for topic in self._subscriptions():
             await client.subscribe(topic, qos=self.config.qos)
         for message in self.on_connect():
@@ -312,11 +377,10 @@ class MqttLink:
             self.connected.clear()
 
     async def _receive(self, client: aiomqtt.Client) -> None:
+        """Messages that still come through aiomqtt; raises MqttError when the broker goes away."""
         loop = asyncio.get_running_loop()
         async for message in client.messages:
-            self.on_message(
-                InMessage(message.topic.value, _payload_bytes(message.payload), _reply_to(message), loop.time())
-            )
+            self._deliver(message, loop.time())
 
     async def _next(self) -> OutMessage | None:
         """The next outbox message, or None once closing was requested.
