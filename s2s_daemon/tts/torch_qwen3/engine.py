@@ -48,7 +48,7 @@ from s2s_daemon.tts.torch_qwen3.config import (
     load_generation_settings,
     load_model_config,
 )
-from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout
+from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout, small_batch_linears
 from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings, PromptTokens, build_embeddings, codec_prefix, tokenize
 from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, TalkerRuntime
 from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights
@@ -207,6 +207,7 @@ class TorchQwen3Engine:
             quantize_linears(weights.talker)
         else:
             matvec_layout(weights.talker)
+            small_batch_linears(weights.talker)
         self.codec = self._load_codec(folder, device, dtype)
         if cfg.mode == "base":
             self._load_clone_encoders(folder, device, dtype)
@@ -264,7 +265,9 @@ class TorchQwen3Engine:
             raise EngineError(f"the torch codec decoder is not available in this build: {exc}") from exc
         # The decoder runs in float32 on the CPU and in the model dtype (bf16) elsewhere; int8 is talker-only.
         codec_dtype = torch.float32 if device.type == "cpu" else dtype
-        return CodecDecoder.from_folder(folder / "speech_tokenizer", device, codec_dtype)
+        codec = CodecDecoder.from_folder(folder / "speech_tokenizer", device, codec_dtype)
+        small_batch_linears(codec)
+        return codec
 
     def _load_clone_encoders(self, folder: Path, device: torch.device, dtype: torch.dtype) -> None:
         try:

@@ -34,6 +34,44 @@ def fuse_projections(root: nn.Module) -> None:
             module.fuse()
 
 
+SMALL_BATCH_ROWS = (2, 32)
+"""Row counts (inclusive) that ``SmallBatchLinear`` computes as ``(W @ x^T)^T``."""
+
+
+class SmallBatchLinear(nn.Linear):
+    """``nn.Linear`` that computes a few rows (2..32) as ``(W @ x^T)^T`` on the CPU.
+
+    torch's CPU BLAS runs ``x @ W^T`` for a handful of rows at a fraction of the speed of the
+    same product written ``W @ x^T``: for a 512 -> 1024 float32 weight and 4 rows, 530 us
+    against 160 us here (weights streamed from memory, 2 threads); 16 rows: 480 against 285.
+    Those shapes are every linear of the codec decoder's transformer and ConvNeXt blocks on a
+    streamed chunk, the talker's prefill and the code predictor's 2-row first step. Other row
+    counts, other devices and dtypes, and non-contiguous weights take ``F.linear``.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features if self.in_features else 0
+        w = self.weight
+        if not (SMALL_BATCH_ROWS[0] <= rows <= SMALL_BATCH_ROWS[1]) or w.device.type != "cpu":
+            return F.linear(x, w, self.bias)
+        if w.dtype != torch.float32 or x.dtype != torch.float32 or not w.is_contiguous():
+            return F.linear(x, w, self.bias)
+        out = torch.mm(w, x.reshape(rows, self.in_features).t()).t()
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def small_batch_linears(root: nn.Module) -> int:
+    """Make every plain ``nn.Linear`` under ``root`` a ``SmallBatchLinear`` (same parameters)."""
+    count = 0
+    for module in root.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = SmallBatchLinear
+            count += 1
+    return count
+
+
 def matvec_layout(root: nn.Module) -> int:
     """Store wide CPU float32 weights column-major; returns how many linears changed.
 

@@ -1,0 +1,66 @@
+"""The CPU fast paths of the torch engine compute what the plain torch modules compute."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from s2s_daemon.tts.torch_qwen3 import codec as codec_mod  # noqa: E402
+from s2s_daemon.tts.torch_qwen3.codec import CausalConv1d, CausalConvTranspose1d  # noqa: E402
+from s2s_daemon.tts.torch_qwen3.layers import SMALL_BATCH_ROWS, SmallBatchLinear, small_batch_linears  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize(
+    ("cin", "cout", "kernel", "dilation", "columns"),
+    [(64, 32, 7, 1, 16), (48, 64, 7, 3, 10), (32, 32, 7, 9, 1), (16, 8, 3, 1, 4), (32, 16, 7, 1, 200)],
+)  # 200 columns: past GEMM_MAX_COLUMNS, the convolution itself
+@torch.inference_mode()
+def test_causal_conv_gemm_path_equals_the_convolution(
+    cin: int, cout: int, kernel: int, dilation: int, columns: int
+) -> None:
+    torch.manual_seed(0)
+    layer = CausalConv1d(cin, cout, kernel, dilation=dilation)
+    x = torch.randn(2, cin, columns)
+    expected = layer.conv(torch.nn.functional.pad(x, (layer.context, 0)))
+    got = layer(x)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    # Streamed in two pieces through the state, the same again.
+    state: dict[int, torch.Tensor] = {}
+    split = max(1, columns // 2)
+    streamed = torch.cat([layer(x[..., :split], state), layer(x[..., split:], state)], dim=-1)
+    torch.testing.assert_close(streamed, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("cin", "cout", "kernel", "stride"), [(64, 32, 4, 2), (48, 24, 6, 3), (32, 16, 16, 8), (40, 40, 2, 2)]
+)
+@torch.inference_mode()
+def test_transposed_conv_as_gemm_equals_conv_transpose1d(cin: int, cout: int, kernel: int, stride: int) -> None:
+    torch.manual_seed(1)
+    layer = CausalConvTranspose1d(cin, cout, kernel, stride)
+    x = torch.randn(2, cin, 9)
+    full = layer.conv(x)
+    expected = full[..., : full.shape[-1] - layer.trim]
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 16, 32, 33, 64])
+@torch.inference_mode()
+def test_small_batch_linear_equals_linear(rows: int) -> None:
+    torch.manual_seed(2)
+    plain = torch.nn.Linear(96, 160)
+    fast = torch.nn.Linear(96, 160)
+    fast.load_state_dict(plain.state_dict())
+    assert small_batch_linears(torch.nn.Sequential(fast)) == 1
+    assert isinstance(fast, SmallBatchLinear)
+    x = torch.randn(1, rows, 96)
+    torch.testing.assert_close(fast(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_thresholds_cover_the_shapes_they_were_measured_on() -> None:
+    assert SMALL_BATCH_ROWS[0] <= 2 and SMALL_BATCH_ROWS[1] >= 16  # codec chunks, predictor step 0
+    assert codec_mod.GEMM_MAX_COLUMNS >= 16  # the first codec conv on a 4-frame chunk
