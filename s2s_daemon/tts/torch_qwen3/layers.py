@@ -45,7 +45,7 @@ class SmallBatchLinear(nn.Linear):
     same product written ``W @ x^T``: for a 512 -> 1024 float32 weight and 4 rows, 530 us
     against 160 us here (weights streamed from memory, 2 threads); 16 rows: 480 against 285.
     Those shapes are every linear of the codec decoder's transformer and ConvNeXt blocks on a
-    streamed chunk, the talker's prefill and the code predictor's 2-row first step. Other row
+    streamed chunk, a short prompt's prefill and the code predictor's 2-row first step. Other row
     counts, other devices and dtypes, and non-contiguous weights take ``F.linear``.
     """
 
