@@ -145,3 +145,18 @@ async def test_requests_queued_while_away_arrive_in_order(mosquitto: Mosquitto) 
     await link.close([])
     await runner
     assert got == [str(i).encode() for i in range(n)]
+
+
+async def test_a_message_paho_refuses_is_dropped_and_the_link_keeps_going(mosquitto: Mosquitto) -> None:
+    """A topic paho cannot publish to (a v5 response topic with a wildcard comes from a client)
+    must neither crash the link nor block the outbox behind it."""
+    async with recorder(mosquitto.port, subscribe=(TOPIC,)) as rec:
+        link = make_link(mosquitto.port)
+        runner = asyncio.create_task(link.run())
+        await asyncio.wait_for(link.connected.wait(), 10)
+        link.publish(OutMessage("replies/#", b"never", qos=1))
+        link.publish(OutMessage(TOPIC, b"after", qos=1))
+        await rec.wait_for(lambda: any(m.payload == b"after" for m in rec.on(TOPIC)), 10)
+        assert not runner.done()
+        await link.close([])
+        await runner

@@ -418,6 +418,10 @@ class MqttLink:
                     if len(acks.inflight) >= PUBLISH_WINDOW:
                         await acks.wait_below(PUBLISH_WINDOW)
                     acks.publish(message, self._properties(message))
+                except ValueError as exc:
+                    # paho refuses the message itself (e.g. a client's v5 response topic with a
+                    # wildcard): it can never be sent, so it is dropped, not retried forever.
+                    log.warning("mqtt_publish_refused", topic=message.topic[:200], error=str(exc))
                 except BaseException:
                     self.outbox.put_front_nowait(message)
                     raise
