@@ -46,6 +46,10 @@ def test_transposed_conv_as_gemm_equals_conv_transpose1d(cin: int, cout: int, ke
     full = layer.conv(x)
     expected = full[..., : full.shape[-1] - layer.trim]
     torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+    layer.relayout()  # the transposed weight copy the loader makes on the CPU
+    assert layer.weight_t is not None
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.conv(x), full, rtol=1e-5, atol=1e-5)  # the conv's weight is a view
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4, 16, 32, 33, 64])
