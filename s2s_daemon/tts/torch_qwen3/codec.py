@@ -67,6 +67,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import Tensor, nn
 
+from s2s_daemon.tts.torch_qwen3.layers import apply_rope
+
 log = structlog.get_logger(__name__)
 
 DECODE_CHUNK_FRAMES = 64
@@ -360,11 +362,6 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
 class _Attention(nn.Module):
     def __init__(self, cfg: CodecDecoderConfig) -> None:
         super().__init__()
@@ -382,8 +379,8 @@ class _Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
         kpos = pos
         if state is not None:
             past = state.get(id(self))
@@ -417,7 +414,9 @@ class _Mlp(nn.Module):
         return out
 
 
-class _LayerScale(nn.Module):
+class LayerScale(nn.Module):
+    """A learnt per-channel scale on a residual branch (decoder and encoder transformers)."""
+
     def __init__(self, dim: int, init: float) -> None:
         super().__init__()
         self.scale = nn.Parameter(torch.full((dim,), init))
@@ -433,8 +432,8 @@ class _TransformerLayer(nn.Module):
         self.mlp = _Mlp(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn_layer_scale = _LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
-        self.mlp_layer_scale = _LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, state: _StateDict | None) -> Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, pos, state))

@@ -31,6 +31,9 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import Tensor, nn
 
+from s2s_daemon.tts.torch_qwen3.codec import LayerScale
+from s2s_daemon.tts.torch_qwen3.layers import apply_rope
+
 log = structlog.get_logger(__name__)
 
 _LAYOUT_RENAMES = (
@@ -226,11 +229,6 @@ class _Seanet(nn.Module):
         return x
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
 class _Attention(nn.Module):
     def __init__(self, cfg: CodecEncoderConfig) -> None:
         super().__init__()
@@ -246,8 +244,8 @@ class _Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
         if self.kv_heads != self.heads:
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
@@ -270,15 +268,6 @@ class _Mlp(nn.Module):
         return result
 
 
-class _LayerScale(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dim,), 0.01))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.scale * x
-
-
 class _Layer(nn.Module):
     def __init__(self, cfg: CodecEncoderConfig) -> None:
         super().__init__()
@@ -286,8 +275,8 @@ class _Layer(nn.Module):
         self.mlp = _Mlp(cfg)
         self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.self_attn_layer_scale = _LayerScale(cfg.hidden_size)
-        self.mlp_layer_scale = _LayerScale(cfg.hidden_size)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, 0.01)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size, 0.01)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
