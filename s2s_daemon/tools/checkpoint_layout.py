@@ -188,6 +188,29 @@ _RELEASED_CODEC: Final[dict[str, Any]] = {
     "enc_codebook_dim": 256,
 }
 
+# What the released 0.6B and 1.7B share (their public config.json files); they differ in the
+# talker's hidden and intermediate sizes only.
+_RELEASED_TALKER: Final[dict[str, Any]] = {
+    "text_base_vocab": 151643,
+    "text_vocab_size": 151936,
+    "text_hidden_size": 2048,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "mrope_section": (24, 20, 20),
+    "codebook_size": 2048,
+    "cp_hidden_size": 1024,
+    "cp_intermediate_size": 3072,
+    "cp_num_hidden_layers": 5,
+    "cp_num_attention_heads": 16,
+    "cp_num_key_value_heads": 8,
+    "cp_head_dim": 128,
+    "spk_channels": (512, 512, 512, 512, 1536),
+    "spk_attention_channels": 128,
+    "spk_se_channels": 128,
+}
+
 SIZE_SPECS: Final[dict[str, SizeSpec]] = {
     "tiny": SizeSpec(
         text_base_vocab=500,
@@ -231,52 +254,10 @@ SIZE_SPECS: Final[dict[str, SizeSpec]] = {
         speech_tokenizer_dtype="bfloat16",
     ),
     "0.6b": SizeSpec(
-        text_base_vocab=151643,
-        text_vocab_size=151936,
-        text_hidden_size=2048,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        mrope_section=(24, 20, 20),
-        codebook_size=2048,
-        cp_hidden_size=1024,
-        cp_intermediate_size=3072,
-        cp_num_hidden_layers=5,
-        cp_num_attention_heads=16,
-        cp_num_key_value_heads=8,
-        cp_head_dim=128,
-        spk_channels=(512, 512, 512, 512, 1536),
-        spk_attention_channels=128,
-        spk_se_channels=128,
-        model_size_tag="0b6",
-        **_RELEASED_CODEC,
+        hidden_size=1024, intermediate_size=3072, model_size_tag="0b6", **_RELEASED_TALKER, **_RELEASED_CODEC
     ),
     "1.7b": SizeSpec(
-        text_base_vocab=151643,
-        text_vocab_size=151936,
-        text_hidden_size=2048,
-        hidden_size=2048,
-        intermediate_size=6144,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        mrope_section=(24, 20, 20),
-        codebook_size=2048,
-        cp_hidden_size=1024,
-        cp_intermediate_size=3072,
-        cp_num_hidden_layers=5,
-        cp_num_attention_heads=16,
-        cp_num_key_value_heads=8,
-        cp_head_dim=128,
-        spk_channels=(512, 512, 512, 512, 1536),
-        spk_attention_channels=128,
-        spk_se_channels=128,
-        model_size_tag="1b7",
-        **_RELEASED_CODEC,
+        hidden_size=2048, intermediate_size=6144, model_size_tag="1b7", **_RELEASED_TALKER, **_RELEASED_CODEC
     ),
 }
 
