@@ -15,7 +15,7 @@ import aiomqtt
 import pytest
 
 from s2s_daemon.config import MqttConfig
-from s2s_daemon.intake.mqtt import PUBLISH_WINDOW, MqttLink, OutMessage, _AckTracker
+from s2s_daemon.intake.mqtt import PUBLISH_WINDOW, InMessage, MqttLink, OutMessage, _AckTracker
 from s2s_daemon.intake.topics import Topics
 from tests.support.broker import Mosquitto
 from tests.support.mqtt import recorder
@@ -32,13 +32,15 @@ async def poll(condition: Callable[[], bool], timeout_s: float) -> None:
             await asyncio.sleep(0.001)
 
 
-def make_link(port: int) -> MqttLink:
+def make_link(
+    port: int, client_id: str = "s2s-link-test", on_message: Callable[[InMessage], None] = lambda message: None
+) -> MqttLink:
     config = MqttConfig(broker="external", host="127.0.0.1", port=port)
     link = MqttLink(
         config,
         Topics("s2s", "kitchen"),
-        "s2s-link-test",
-        on_message=lambda message: None,
+        client_id,
+        on_message=on_message,
         on_connect=list,
         protocol=aiomqtt.ProtocolVersion.V5,
     )
@@ -118,18 +120,9 @@ async def test_requests_queued_while_away_arrive_in_order(mosquitto: Mosquitto) 
     got: list[bytes] = []
 
     def make() -> MqttLink:
-        config = MqttConfig(broker="external", host="127.0.0.1", port=mosquitto.port)
-        return MqttLink(
-            config,
-            Topics("s2s", "kitchen"),
-            "s2s-order-test",
-            on_message=lambda message: got.append(message.payload),
-            on_connect=list,
-            protocol=aiomqtt.ProtocolVersion.V5,
-        )
+        return make_link(mosquitto.port, "s2s-order-test", lambda message: got.append(message.payload))
 
     first = make()
-    first.prepare()
     runner = asyncio.create_task(first.run())
     await asyncio.wait_for(first.connected.wait(), 10)  # the session and its subscriptions exist
     await first.close([])
@@ -139,7 +132,6 @@ async def test_requests_queued_while_away_arrive_in_order(mosquitto: Mosquitto) 
         for i in range(n):
             await rec.say("s2s/kitchen/tts/say", str(i).encode())
     link = make()
-    link.prepare()
     runner = asyncio.create_task(link.run())
     await poll(lambda: len(got) >= n, 20)
     await link.close([])
