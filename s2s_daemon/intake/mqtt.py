@@ -16,7 +16,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import aiomqtt
 import structlog
@@ -82,6 +82,21 @@ ACK_TIMEOUT_S = 10.0
 """A broker that acknowledges nothing for this long is treated as a lost connection."""
 
 
+def _internals(client: aiomqtt.Client) -> tuple[Any, dict[int, object], asyncio.Queue[Any]]:
+    """The aiomqtt 2.x internals the link works through: the paho client, the table of
+    pending publishes and the incoming-message queue (unchanged from 2.0 to 2.5)."""
+    paho = getattr(client, "_client", None)
+    pending = getattr(client, "_pending_publishes", None)
+    queue = getattr(client, "_queue", None)
+    usable = callable(getattr(paho, "publish", None)) and isinstance(pending, dict) and isinstance(queue, asyncio.Queue)
+    if not usable:
+        raise RuntimeError(
+            "this aiomqtt lacks the internals the MQTT link works through "
+            "(Client._client, Client._pending_publishes, Client._queue); install aiomqtt 2.x"
+        )
+    return paho, cast(dict[int, object], pending), cast(asyncio.Queue[Any], queue)
+
+
 class _Ack:
     """Stands in for aiomqtt's per-publish ``asyncio.Event``: its ``set()`` is the PUBACK."""
 
@@ -116,13 +131,7 @@ class _AckTracker:
 
     @classmethod
     def attach(cls, client: aiomqtt.Client) -> _AckTracker:
-        paho = getattr(client, "_client", None)
-        pending = getattr(client, "_pending_publishes", None)
-        if paho is None or not callable(getattr(paho, "publish", None)) or not isinstance(pending, dict):
-            raise RuntimeError(
-                "this aiomqtt lacks the internals the MQTT link publishes through "
-                "(Client._client, Client._pending_publishes); install aiomqtt 2.x"
-            )
+        paho, pending, _ = _internals(client)
         return cls(paho, pending)
 
     def publish(self, message: OutMessage, properties: Properties | None) -> None:
@@ -303,24 +312,22 @@ class MqttLink:
         handled first, so the order is kept. aiomqtt's message iterator still runs
         (``_receive``): it ends the connection's task group when the broker goes away.
         """
-        paho = getattr(client, "_client", None)
-        queue = getattr(client, "_queue", None)
-        if paho is None or not isinstance(queue, asyncio.Queue):
-            return  # an aiomqtt without these internals: _receive takes every message
+        paho, _, queue = _internals(client)
         loop = asyncio.get_running_loop()
         while not queue.empty():
             self._inbox.append((queue.get_nowait(), loop.time()))
 
         def on_message(_client: object, _userdata: object, message: object) -> None:
             self._inbox.append((message, loop.time()))
-            if not self._draining:
-                self._draining = True
-                loop.call_soon(self._drain)
+            self._schedule_drain()
 
         paho.on_message = on_message
+        self._schedule_drain()
+
+    def _schedule_drain(self) -> None:
         if self._inbox and not self._draining:
             self._draining = True
-            loop.call_soon(self._drain)
+            asyncio.get_running_loop().call_soon(self._drain)
 
     def _drain(self) -> None:
         """Handle one received message, then let other ready work run before the next.
