@@ -1,0 +1,254 @@
+"""Native CPU linear layers: the C++ kernels in ``linear.cpp``, built on first use.
+
+Decoding is a chain of one-row products over every weight of the talker and code predictor, so
+its speed is the speed at which weights stream from memory. ``linear.cpp`` reads float32,
+bfloat16, int8 (per output channel) or 4-bit (affine, per group of ``group`` inputs) weights once
+per call and accumulates in float32 with AVX2/FMA, on torch's own thread pool.
+
+The extension is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and ninja) into
+``TORCH_EXTENSIONS_DIR`` or ``~/.cache/s2s-daemon/torch_extensions`` the first time it is needed
+(~30 s) and loaded from there afterwards. On a CPU without AVX2/FMA, without a compiler, or if
+the build fails, ``load()`` returns ``None`` with the reason in ``unavailable_reason()`` and the
+engine keeps torch's own kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from s2s_daemon.tts.torch_qwen3.layers import SMALL_BATCH_ROWS
+
+log = structlog.get_logger(__name__)
+
+FORMATS = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}
+"""Weight formats of ``PackedLinear`` and their codes in ``linear.cpp``."""
+
+INT4_GROUP = 64
+"""Inputs per 4-bit group (a float32 scale and min each): 4.5 bits a weight, as MLX's 4bit."""
+
+_SOURCE = Path(__file__).with_name("linear.cpp")
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def why_not_here() -> str | None:
+    """Why this machine cannot build or run the kernels, or None when it can."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the kernels are AVX2 code and this CPU is {platform.machine()}"
+    if platform.system() != "Linux":
+        return "the kernels are built on Linux only"
+    missing = {"avx2", "fma"} - _cpu_flags()
+    if missing:
+        return f"this CPU lacks {', '.join(sorted(missing))}"
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler}) on PATH"
+    if shutil.which("ninja") is None:
+        # The pip package (a dependency of the torch extra) lives in the environment's bin folder,
+        # which is not on PATH when the daemon runs as .venv/bin/s2s-daemon.
+        try:
+            import ninja
+
+            os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+        except ImportError:
+            pass
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if not is_ninja_available():
+        return "ninja is not installed (pip install ninja)"
+    return None
+
+
+def build_dir() -> Path:
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root:
+        return Path(root)
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "s2s-daemon" / "torch_extensions"
+
+
+def load() -> Any:
+    """The compiled extension, building it once per process if needed; None when unavailable."""
+    with _lock:
+        if "module" in _state:
+            return _state["module"]
+        reason = why_not_here()
+        module = None
+        if reason is None:
+            from torch.utils.cpp_extension import load as build
+
+            folder = build_dir() / f"torch{torch.__version__.split('+')[0]}"
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                module = build(
+                    name="s2s_qwen3_linear",
+                    sources=[str(_SOURCE)],
+                    build_directory=str(folder),
+                    extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+                    extra_ldflags=["-fopenmp"],
+                    verbose=False,
+                )
+            except (OSError, RuntimeError, ImportError) as exc:  # compiler errors arrive as RuntimeError
+                reason = f"building the kernels failed: {str(exc).strip().splitlines()[-1] if str(exc) else exc}"
+        if module is None:
+            log.warning("native_kernels_unavailable", reason=reason)
+        _state["module"] = module
+        _state["reason"] = reason
+        return module
+
+
+def unavailable_reason() -> str | None:
+    """After ``load()``: why it returned None (None when it did not)."""
+    return _state.get("reason")
+
+
+def _pack(weight: torch.Tensor, fmt: str, group: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A float ``[out, in]`` weight in ``fmt``: (data, scales, mins) as ``linear.cpp`` reads them."""
+    w = weight.detach().to(torch.float32).contiguous()
+    if fmt == "float32":
+        return w, None, None
+    if fmt == "bfloat16":
+        return w.to(torch.bfloat16).contiguous(), None, None
+    if fmt == "int8":
+        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        return q.contiguous(), scale.contiguous(), None
+    out_f, in_f = w.shape
+    g = w.reshape(out_f, in_f // group, group)
+    lo = g.amin(dim=2)
+    hi = g.amax(dim=2)
+    scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
+    # Each 32-weight block as 16 bytes: weight j in the low nibble, weight j + 16 in the high one.
+    blocks = q.reshape(out_f, in_f // 32, 2, 16)
+    packed = (blocks[:, :, 0, :] | (blocks[:, :, 1, :] << 4)).reshape(out_f, in_f // 2)
+    return packed.contiguous(), scale.contiguous(), lo.contiguous()
+
+
+class PackedLinear(nn.Module):
+    """Drop-in for a CPU ``nn.Linear`` whose weight is stored in ``fmt`` and read by ``linear.cpp``.
+
+    Activations are float32 in and out. For float32 weights, more rows than the streaming kernel
+    takes (a prefill) go to torch's own GEMM, which is faster there; the packed formats widen
+    blocks of weight rows for that GEMM inside the extension.
+    """
+
+    def __init__(self, linear: nn.Linear, fmt: str, ext: Any, group: int = INT4_GROUP) -> None:
+        super().__init__()
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown weight format {fmt!r}")
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.fmt = fmt
+        self.group = group if fmt == "int4" else 0
+        data, scales, mins = _pack(linear.weight, fmt, group)
+        self.data, self.scales, self.mins = data, scales, mins
+        self.bias = linear.bias.detach().float().contiguous() if linear.bias is not None else None
+        self._code = FORMATS[fmt]
+        self._ext = ext
+        self._max_rows = int(ext.MAX_STREAM_ROWS)
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in (data, scales, mins) if t is not None)
+        self.handle = ext.Packed(self._code, data, scales, mins, self.bias, self.out_features, self.in_features,
+                                 self.group)  # fmt: skip
+        """The same weight for ``Stack`` (shares the tensors)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._code == 0 and x.numel() > self._max_rows * self.in_features:
+            rows = x.numel() // self.in_features
+            if rows > SMALL_BATCH_ROWS[1]:
+                return F.linear(x, self.data, self.bias)
+            out = torch.mm(self.data, x.reshape(rows, self.in_features).t()).t()  # see SmallBatchLinear
+            if self.bias is not None:
+                out = out + self.bias
+            return out.reshape(*x.shape[:-1], self.out_features)
+        return self._ext.linear(  # type: ignore[no-any-return]
+            x, self._code, self.data, self.scales, self.mins, self.out_features, self.group, self.bias
+        )
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The float32 weight itself (shared with the kernels); packed formats have none."""
+        if self.fmt != "float32":
+            raise AttributeError(f"a {self.fmt} PackedLinear has no float weight; see dequantized()")
+        return self.data
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight as this layer computes with it, float32 ``[out, in]``."""
+        return self._ext.dequantize(  # type: ignore[no-any-return]
+            self._code, self.data, self.scales, self.mins, self.out_features, self.in_features, self.group
+        )
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.fmt}"
+
+
+def pack_linears(root: nn.Module, fmt: str, ext: Any, group: int = INT4_GROUP) -> int:
+    """Replace every ``nn.Linear`` under ``root`` whose input width the kernels take; returns how many."""
+    count = 0
+    for module in list(root.modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear) and child.in_features % (group if fmt == "int4" else 32) == 0:
+                setattr(module, child_name, PackedLinear(child, fmt, ext, group))
+                count += 1
+    log.info("native_linears", fmt=fmt, linears=count)
+    return count
+
+
+def fuse_stacks(root: nn.Module, ext: Any) -> int:
+    """Give every decoder stack under ``root`` a native one-position path; returns how many.
+
+    A stack qualifies when each layer's q/k/v and gate/up projections are fused and every linear is a
+    ``PackedLinear``; ``DecoderStack.run`` then hands single-position steps to ``ext.Stack``.
+    """
+    from s2s_daemon.tts.torch_qwen3.layers import DecoderStack
+
+    count = 0
+    for module in root.modules():
+        if not isinstance(module, DecoderStack) or not len(module.layers):
+            continue
+        layers = []
+        for layer in module.layers:
+            attn: Any = layer.self_attn
+            mlp: Any = layer.mlp
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            if not all(isinstance(lin, PackedLinear) for lin in linears):
+                break
+            norms: tuple[Any, ...] = (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm)
+            weights = [n.weight.detach().float().contiguous() for n in norms]
+            layers.append(ext.Layer(*(lin.handle for lin in linears), *weights))
+        else:
+            first: Any = module.layers[0]
+            module.native = ext.Stack(
+                layers,
+                module.norm.weight.detach().float().contiguous(),
+                first.self_attn.o_proj.out_features,
+                first.self_attn.num_heads,
+                first.self_attn.num_kv_heads,
+                first.self_attn.head_dim,
+                first.mlp.intermediate,
+                float(module.norm.eps),
+            )
+            count += 1
+    log.info("native_stacks", stacks=count)
+    return count

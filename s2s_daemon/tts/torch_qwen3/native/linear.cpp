@@ -1,0 +1,679 @@
+// Weight-streaming linear layers for decoding on x86-64 CPUs with AVX2 and FMA.
+//
+// Decoding a codec frame is ~400 matrix-vector products over ~1.6 billion weights: the time is
+// the time it takes to stream the weights from memory. torch's CPU BLAS streams float32 weights
+// at 10-15 GB/s on one row here (the machine reads at ~22 GB/s) and has no 4-bit kernel that is
+// not compute bound on AVX2. These kernels read each weight once per call for up to kMaxRows
+// input rows, widen it to float32 in registers and accumulate in float32:
+//
+//   f32   float32 [N, K]
+//   bf16  bfloat16 [N, K]                      (bits << 16 is the float32)
+//   i8    int8 [N, K], float32 scale [N]       w = scale[n] * q
+//   i4    uint8 [N, K/2], float32 scale/min [N, K/G]   w = scale * q + min, q in 0..15;
+//         each 32-weight block is 16 bytes: low nibbles weights 0..15, high nibbles 16..31
+//
+// More rows than kMaxRows (a prompt's prefill) widen a block of weight rows into an L2-sized
+// float32 buffer and hand it to at::mm, so the weights are still read once per call.
+// Threads: at::parallel_for, i.e. torch's own intra-op pool (no second pool spinning beside it).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+#include <pybind11/stl.h>
+
+namespace {
+
+constexpr int kF32 = 0;
+constexpr int kBF16 = 1;
+constexpr int kI8 = 2;
+constexpr int kI4 = 3;
+constexpr int64_t kMaxRows = 4;
+#ifndef S2S_PREFETCH
+#define S2S_PREFETCH 4096
+#endif
+constexpr int64_t kPrefetchBytes = S2S_PREFETCH;
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// Eight consecutive weights as float32.
+struct LoadF32 {
+  using T = float;
+  static __m256 at(const float* p) { return _mm256_loadu_ps(p); }
+};
+struct LoadBF16 {
+  using T = uint16_t;
+  static __m256 at(const uint16_t* p) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+};
+struct LoadI8 {
+  using T = int8_t;
+  static __m256 at(const int8_t* p) {
+    __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+  }
+};
+
+// y[m, n] = sum_k w[n, k] x[m, k] (* scale[n]) (+ bias[n]) for n in [n0, n1); K % 32 == 0.
+// A accumulators per input row keep enough FMA chains in flight for one row.
+template <class L, int M>
+void dense_rows(const typename L::T* w, const float* x, float* y, int64_t K, int64_t N, int64_t n0, int64_t n1,
+                const float* scale, const float* bias) {
+  constexpr int A = M == 1 ? 4 : (M == 2 ? 2 : 1);
+  for (int64_t n = n0; n < n1; ++n) {
+    const typename L::T* row = w + n * K;
+    __m256 acc[M][A];
+    for (int m = 0; m < M; ++m)
+      for (int a = 0; a < A; ++a) acc[m][a] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 32) {
+      __m256 wv[4];
+      for (int j = 0; j < 4; ++j) wv[j] = L::at(row + k + 8 * j);
+      for (int m = 0; m < M; ++m) {
+        const float* xm = x + m * K + k;
+        for (int j = 0; j < 4; ++j) acc[m][j % A] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(xm + 8 * j), acc[m][j % A]);
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      __m256 s = acc[m][0];
+      for (int a = 1; a < A; ++a) s = _mm256_add_ps(s, acc[m][a]);
+      float v = hsum(s);
+      if (scale) v *= scale[n];
+      if (bias) v += bias[n];
+      y[m * N + n] = v;
+    }
+  }
+}
+
+// Widen the 32 weights of one 4-bit block (16 bytes) to float32 (no scale, no min).
+inline void unpack_i4(const uint8_t* p, __m256 out[4]) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m128i lo = _mm_and_si128(b, mask);
+  __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+  out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+// The quantized formats multiply in integers: each input row is quantized per block of 32 to
+// int8 (xq, with float32 scales xs[m * K/32 + b]), as GGML's Q8_0 does, and every 32 weights
+// cost one vpmaddubsw + vpmaddwd instead of widening each weight to float32.
+inline __m256 block_dot(__m256i u8, __m256i s8) {
+  // u8: unsigned bytes, s8: signed bytes -> 8 int32 sums of 4 products, as float32.
+  const __m256i ones = _mm256_set1_epi16(1);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), ones));
+}
+
+// int8 rows: y = scale[n] * sum_b xs[b] * sum_{k in b} q[n, k] xq[k].
+template <int M>
+void i8q_rows(const int8_t* w, const float* scale, const int8_t* xq, const float* xs, float* y, int64_t K,
+              int64_t N, int64_t n0, int64_t n1, const float* bias) {
+  constexpr int A = M == 1 ? 4 : (M == 2 ? 2 : 1);
+  const int64_t blocks = K / 32;
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* row = w + n * K;
+    __m256 acc[M][A];
+    for (int m = 0; m < M; ++m)
+      for (int a = 0; a < A; ++a) acc[m][a] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + A <= blocks; b += A) {
+      for (int a = 0; a < A; ++a) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + (b + a) * 32));
+        const __m256i aw = _mm256_sign_epi8(wv, wv);
+        for (int m = 0; m < M; ++m) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + (b + a) * 32));
+          acc[m][a] = _mm256_fmadd_ps(block_dot(aw, _mm256_sign_epi8(xv, wv)),
+                                      _mm256_broadcast_ss(xs + m * blocks + b + a), acc[m][a]);
+        }
+      }
+    }
+    for (; b < blocks; ++b) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32));
+      const __m256i aw = _mm256_sign_epi8(wv, wv);
+      for (int m = 0; m < M; ++m) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + b * 32));
+        acc[m][0] = _mm256_fmadd_ps(block_dot(aw, _mm256_sign_epi8(xv, wv)), _mm256_broadcast_ss(xs + m * blocks + b),
+                                    acc[m][0]);
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      __m256 s = acc[m][0];
+      for (int a = 1; a < A; ++a) s = _mm256_add_ps(s, acc[m][a]);
+      y[m * N + n] = hsum(s) * scale[n] + (bias ? bias[n] : 0.f);
+    }
+  }
+}
+
+// 32 4-bit weights (16 bytes, low nibbles first) as 32 unsigned bytes in order.
+inline __m256i nibbles(const uint8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// 4-bit rows: y = sum_g scale[g] * sum_{b in g} xs[b] * sum_k q xq  +  sum_g min[g] * sum_{k in g} x.
+template <int M>
+void i4q_rows(const uint8_t* w, const float* scales, const float* mins, const int8_t* xq, const float* xs,
+              const float* xsum, float* y, int64_t K, int64_t N, int64_t G, int64_t n0, int64_t n1,
+              const float* bias) {
+  const int64_t groups = K / G;
+  const int64_t blocks = K / 32;
+  const int64_t per_group = G / 32;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * (K / 2);
+    const float* sc = scales + n * groups;
+    const float* mn = mins + n * groups;
+    __m256 out[M];
+    float off[M];
+    for (int m = 0; m < M; ++m) {
+      out[m] = _mm256_setzero_ps();
+      off[m] = 0.f;
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      __m256 acc[M];
+      for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+      for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
+        const __m256i q = nibbles(row + b * 16);
+        for (int m = 0; m < M; ++m) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + b * 32));
+          acc[m] = _mm256_fmadd_ps(block_dot(q, xv), _mm256_broadcast_ss(xs + m * blocks + b), acc[m]);
+        }
+      }
+      const __m256 s = _mm256_broadcast_ss(sc + g);
+      for (int m = 0; m < M; ++m) {
+        out[m] = _mm256_fmadd_ps(s, acc[m], out[m]);
+        off[m] += mn[g] * xsum[m * groups + g];
+      }
+    }
+    for (int m = 0; m < M; ++m) y[m * N + n] = hsum(out[m]) + off[m] + (bias ? bias[n] : 0.f);
+  }
+}
+
+// Each row of x [M, K] as int8 per block of 32 (round to nearest, scale = max |x| / 127).
+void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, float* xs) {
+  const int64_t blocks = K / 32;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* src = x + m * K + b * 32;
+      float amax = 0.f;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::abs(src[i]));
+      const float scale = amax / 127.f;
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      int8_t* dst = xq + m * K + b * 32;
+      for (int i = 0; i < 32; ++i) dst[i] = static_cast<int8_t>(std::nearbyint(src[i] * inv));
+      xs[m * blocks + b] = scale;
+    }
+  }
+}
+
+// Rows [n0, n1) of the weight as float32 into dst ([n1 - n0, K], row-major).
+void widen_rows(int fmt, const torch::Tensor& w, const float* scales, const float* mins, int64_t K, int64_t G,
+                int64_t n0, int64_t n1, float* dst) {
+  for (int64_t n = n0; n < n1; ++n) {
+    float* d = dst + (n - n0) * K;
+    if (fmt == kF32) {
+      std::copy_n(w.data_ptr<float>() + n * K, K, d);
+    } else if (fmt == kBF16) {
+      const uint16_t* r = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()) + n * K;
+      for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(d + k, LoadBF16::at(r + k));
+    } else if (fmt == kI8) {
+      const int8_t* r = w.data_ptr<int8_t>() + n * K;
+      const __m256 s = _mm256_set1_ps(scales[n]);
+      for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(d + k, _mm256_mul_ps(s, LoadI8::at(r + k)));
+    } else {
+      const uint8_t* r = w.data_ptr<uint8_t>() + n * (K / 2);
+      const int64_t groups = K / G;
+      for (int64_t k = 0; k < K; k += 32) {
+        const int64_t g = k / G;
+        const __m256 s = _mm256_set1_ps(scales[n * groups + g]);
+        const __m256 mn = _mm256_set1_ps(mins[n * groups + g]);
+        __m256 wv[4];
+        unpack_i4(r + k / 2, wv);
+        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(d + k + 8 * j, _mm256_fmadd_ps(s, wv[j], mn));
+      }
+    }
+  }
+}
+
+// One input row, two output rows at a time: the input block and its scale are loaded once for
+// both, and the two dependency chains keep the vector units busy (the one-row loops above leave
+// them waiting on FMA latency).
+void i8q_pairs(const int8_t* w, const float* scale, const int8_t* xq, const float* xs, float* y, int64_t K,
+               int64_t n0, int64_t n1, const float* bias) {
+  const int64_t blocks = K / 32;
+  int64_t n = n0;
+  for (; n + 2 <= n1; n += 2) {
+    const int8_t* r0 = w + n * K;
+    const int8_t* r1 = r0 + K;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= blocks; b += 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(r0 + b * 32 + kPrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(r1 + b * 32 + kPrefetchBytes), _MM_HINT_T0);
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
+      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32 + 32));
+      const __m256 s0 = _mm256_broadcast_ss(xs + b), s1 = _mm256_broadcast_ss(xs + b + 1);
+      const __m256i w00 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + b * 32));
+      const __m256i w01 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + b * 32 + 32));
+      const __m256i w10 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + b * 32));
+      const __m256i w11 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + b * 32 + 32));
+      a0 = _mm256_fmadd_ps(block_dot(_mm256_sign_epi8(w00, w00), _mm256_sign_epi8(x0, w00)), s0, a0);
+      b0 = _mm256_fmadd_ps(block_dot(_mm256_sign_epi8(w10, w10), _mm256_sign_epi8(x0, w10)), s0, b0);
+      a1 = _mm256_fmadd_ps(block_dot(_mm256_sign_epi8(w01, w01), _mm256_sign_epi8(x1, w01)), s1, a1);
+      b1 = _mm256_fmadd_ps(block_dot(_mm256_sign_epi8(w11, w11), _mm256_sign_epi8(x1, w11)), s1, b1);
+    }
+    for (; b < blocks; ++b) {
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
+      const __m256 s0 = _mm256_broadcast_ss(xs + b);
+      const __m256i w00 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + b * 32));
+      const __m256i w10 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + b * 32));
+      a0 = _mm256_fmadd_ps(block_dot(_mm256_sign_epi8(w00, w00), _mm256_sign_epi8(x0, w00)), s0, a0);
+      b0 = _mm256_fmadd_ps(block_dot(_mm256_sign_epi8(w10, w10), _mm256_sign_epi8(x0, w10)), s0, b0);
+    }
+    y[n] = hsum(_mm256_add_ps(a0, a1)) * scale[n] + (bias ? bias[n] : 0.f);
+    y[n + 1] = hsum(_mm256_add_ps(b0, b1)) * scale[n + 1] + (bias ? bias[n + 1] : 0.f);
+  }
+  if (n < n1) i8q_rows<1>(w, scale, xq, xs, y, K, 0, n, n1, bias);
+}
+
+template <int PG>
+void i4q_pairs_pg(const uint8_t* w, const float* scales, const float* mins, const int8_t* xq, const float* xs,
+                  const float* xsum, float* y, int64_t K, int64_t n0, int64_t n1, const float* bias) {
+  constexpr int64_t G = 32 * PG;
+  const int64_t groups = K / G;
+  int64_t n = n0;
+  for (; n + 2 <= n1; n += 2) {
+    const uint8_t* r0 = w + n * (K / 2);
+    const uint8_t* r1 = r0 + K / 2;
+    const float* sc0 = scales + n * groups;
+    const float* sc1 = sc0 + groups;
+    const float* mn0 = mins + n * groups;
+    const float* mn1 = mn0 + groups;
+    __m256 o0 = _mm256_setzero_ps(), o1 = _mm256_setzero_ps();
+    float f0 = 0.f, f1 = 0.f;
+    for (int64_t g = 0; g < groups; ++g) {
+      // Software prefetch a few rows ahead: the unpacking keeps too few loads in flight for the
+      // hardware prefetcher alone to reach full bandwidth.
+      _mm_prefetch(reinterpret_cast<const char*>(r0 + g * G / 2 + kPrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(r1 + g * G / 2 + kPrefetchBytes), _MM_HINT_T0);
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+      for (int j = 0; j < PG; ++j) {
+        const int64_t b = g * PG + j;
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
+        const __m256 sb = _mm256_broadcast_ss(xs + b);
+        a0 = _mm256_fmadd_ps(block_dot(nibbles(r0 + b * 16), xv), sb, a0);
+        a1 = _mm256_fmadd_ps(block_dot(nibbles(r1 + b * 16), xv), sb, a1);
+      }
+      o0 = _mm256_fmadd_ps(_mm256_broadcast_ss(sc0 + g), a0, o0);
+      o1 = _mm256_fmadd_ps(_mm256_broadcast_ss(sc1 + g), a1, o1);
+      f0 += mn0[g] * xsum[g];
+      f1 += mn1[g] * xsum[g];
+    }
+    y[n] = hsum(o0) + f0 + (bias ? bias[n] : 0.f);
+    y[n + 1] = hsum(o1) + f1 + (bias ? bias[n + 1] : 0.f);
+  }
+  if (n < n1) i4q_rows<1>(w, scales, mins, xq, xs, xsum, y, K, 0, G, n, n1, bias);
+}
+
+void i4q_pairs(const uint8_t* w, const float* scales, const float* mins, const int8_t* xq, const float* xs,
+               const float* xsum, float* y, int64_t K, int64_t G, int64_t n0, int64_t n1, const float* bias) {
+  switch (G) {
+    case 32: i4q_pairs_pg<1>(w, scales, mins, xq, xs, xsum, y, K, n0, n1, bias); break;
+    case 64: i4q_pairs_pg<2>(w, scales, mins, xq, xs, xsum, y, K, n0, n1, bias); break;
+    case 128: i4q_pairs_pg<4>(w, scales, mins, xq, xs, xsum, y, K, n0, n1, bias); break;
+    default: i4q_rows<1>(w, scales, mins, xq, xs, xsum, y, K, 0, G, n0, n1, bias);
+  }
+}
+
+template <int M>
+void stream_rows(int fmt, const torch::Tensor& w, const float* scales, const float* mins, const float* x,
+                 const int8_t* xq, const float* xs, const float* xsum, float* y, int64_t K, int64_t N, int64_t G,
+                 int64_t n0, int64_t n1, const float* bias) {
+  switch (fmt) {
+    case kF32:
+      dense_rows<LoadF32, M>(w.data_ptr<float>(), x, y, K, N, n0, n1, nullptr, bias);
+      break;
+    case kBF16:
+      dense_rows<LoadBF16, M>(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), x, y, K, N, n0, n1,
+                              nullptr, bias);
+      break;
+    case kI8:
+      if (M == 1)
+        i8q_pairs(w.data_ptr<int8_t>(), scales, xq, xs, y, K, n0, n1, bias);
+      else
+        i8q_rows<M>(w.data_ptr<int8_t>(), scales, xq, xs, y, K, N, n0, n1, bias);
+      break;
+    default:
+      if (M == 1)
+        i4q_pairs(w.data_ptr<uint8_t>(), scales, mins, xq, xs, xsum, y, K, G, n0, n1, bias);
+      else
+        i4q_rows<M>(w.data_ptr<uint8_t>(), scales, mins, xq, xs, xsum, y, K, N, G, n0, n1, bias);
+  }
+}
+
+void check_weight(int fmt, const torch::Tensor& w, const c10::optional<torch::Tensor>& scales,
+                  const c10::optional<torch::Tensor>& mins, int64_t N, int64_t K, int64_t G) {
+  TORCH_CHECK(w.device().is_cpu() && w.is_contiguous(), "weight must be a contiguous CPU tensor");
+  TORCH_CHECK(K % 32 == 0, "in_features must be a multiple of 32, got ", K);
+  static const at::ScalarType kTypes[] = {at::kFloat, at::kBFloat16, at::kChar, at::kByte};
+  TORCH_CHECK(fmt >= kF32 && fmt <= kI4, "unknown weight format ", fmt);
+  TORCH_CHECK(w.scalar_type() == kTypes[fmt], "weight dtype ", w.scalar_type(), " does not match format ", fmt);
+  TORCH_CHECK(w.numel() == (fmt == kI4 ? N * K / 2 : N * K), "weight has ", w.numel(), " elements for ", N, "x", K);
+  if (fmt == kI8) {
+    TORCH_CHECK(scales && scales->scalar_type() == at::kFloat && scales->is_contiguous() && scales->numel() == N,
+                "int8 weights need float32 scales [out_features]");
+  }
+  if (fmt == kI4) {
+    TORCH_CHECK(G >= 32 && G % 32 == 0 && K % G == 0, "group size must be a multiple of 32 dividing ", K);
+    for (const auto* t : {&scales, &mins}) {
+      TORCH_CHECK(*t && (*t)->scalar_type() == at::kFloat && (*t)->is_contiguous() && (*t)->numel() == N * (K / G),
+                  "4-bit weights need float32 scales and mins [out_features, in_features / group]");
+    }
+  }
+}
+
+// y [M, N] = x [M, K] W^T (+ bias) for M <= kMaxRows, threads over output rows.
+void stream(int f, const torch::Tensor& w, const float* sp, const float* mp, const float* bp, int64_t N, int64_t K,
+            int64_t group, const float* xp, int64_t M, float* yp) {
+  thread_local std::vector<float> xsum;
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xs;
+  if (f == kI8 || f == kI4) {
+    xq.resize(M * K);
+    xs.resize(M * (K / 32));
+    quantize_rows(xp, M, K, xq.data(), xs.data());
+  }
+  if (f == kI4) {
+    // Sum of the quantized input per group, for the mins: then the product's error is
+    // sum w (xq - x), as for int8, not sum (w - min) (xq - x).
+    const int64_t groups = K / group;
+    const int64_t per_group = group / 32;
+    xsum.resize(M * groups);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t g = 0; g < groups; ++g) {
+        float s = 0.f;
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
+          int32_t q = 0;
+          for (int i = 0; i < 32; ++i) q += xq[m * K + b * 32 + i];
+          s += static_cast<float>(q) * xs[m * (K / 32) + b];
+        }
+        xsum[m * groups + g] = s;
+      }
+  }
+  const float* xsp = f == kI4 ? xsum.data() : nullptr;
+  const int8_t* xqp = f >= kI8 ? xq.data() : nullptr;
+  const float* xscp = f >= kI8 ? xs.data() : nullptr;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    switch (M) {
+      case 1: stream_rows<1>(f, w, sp, mp, xp, xqp, xscp, xsp, yp, K, N, group, n0, n1, bp); break;
+      case 2: stream_rows<2>(f, w, sp, mp, xp, xqp, xscp, xsp, yp, K, N, group, n0, n1, bp); break;
+      case 3: stream_rows<3>(f, w, sp, mp, xp, xqp, xscp, xsp, yp, K, N, group, n0, n1, bp); break;
+      default: stream_rows<4>(f, w, sp, mp, xp, xqp, xscp, xsp, yp, K, N, group, n0, n1, bp);
+    }
+  });
+}
+
+// x: [..., K] float32; returns [..., N] float32.
+torch::Tensor linear(const torch::Tensor& x_in, int64_t fmt, const torch::Tensor& w,
+                     const c10::optional<torch::Tensor>& scales, const c10::optional<torch::Tensor>& mins,
+                     int64_t out_features, int64_t group, const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x_in.device().is_cpu() && x_in.scalar_type() == at::kFloat, "input must be float32 on the CPU");
+  const int64_t K = x_in.size(-1);
+  const int64_t N = out_features;
+  check_weight(static_cast<int>(fmt), w, scales, mins, N, K, group);
+  if (bias) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == N,
+                "bias must be float32 [out_features]");
+  }
+  auto x = x_in.reshape({-1, K}).contiguous();
+  const int64_t M = x.size(0);
+  std::vector<int64_t> out_shape(x_in.sizes().begin(), x_in.sizes().end());
+  out_shape.back() = N;
+  const float* sp = scales ? scales->data_ptr<float>() : nullptr;
+  const float* mp = mins ? mins->data_ptr<float>() : nullptr;
+  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+  const int f = static_cast<int>(fmt);
+
+  if (M > kMaxRows) {
+    // Prefill: widen a block of weight rows (4 MiB) into a float32 buffer, multiply with at::mm
+    // into the transposed output (a contiguous slice), repeat.
+    const int64_t block = std::min<int64_t>(N, std::max<int64_t>(16, (int64_t{1} << 20) / K));
+    auto buf = torch::empty({block, K}, x.options());
+    auto out_t = torch::empty({N, M}, x.options());
+    auto xt = x.t();
+    for (int64_t b0 = 0; b0 < N; b0 += block) {
+      const int64_t nb = std::min(block, N - b0);
+      float* bufp = buf.data_ptr<float>();
+      at::parallel_for(0, nb, 8, [&](int64_t r0, int64_t r1) {
+        widen_rows(f, w, sp, mp, K, group, b0 + r0, b0 + r1, bufp + r0 * K);
+      });
+      auto dst = out_t.narrow(0, b0, nb);
+      at::mm_out(dst, buf.narrow(0, 0, nb), xt);
+    }
+    auto out = out_t.t().contiguous();
+    if (bias) out.add_(*bias);
+    return out.reshape(out_shape);
+  }
+
+  auto y = torch::empty({M, N}, x.options());
+  if (M > 0) stream(f, w, sp, mp, bp, N, K, group, x.data_ptr<float>(), M, y.data_ptr<float>());
+  return y.reshape(out_shape);
+}
+
+// The weight as float32 [N, K] (tests and diagnostics).
+torch::Tensor dequantize(int64_t fmt, const torch::Tensor& w, const c10::optional<torch::Tensor>& scales,
+                         const c10::optional<torch::Tensor>& mins, int64_t out_features, int64_t in_features,
+                         int64_t group) {
+  check_weight(static_cast<int>(fmt), w, scales, mins, out_features, in_features, group);
+  auto out = torch::empty({out_features, in_features}, torch::kFloat);
+  widen_rows(static_cast<int>(fmt), w, scales ? scales->data_ptr<float>() : nullptr,
+             mins ? mins->data_ptr<float>() : nullptr, in_features, group, 0, out_features, out.data_ptr<float>());
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------
+// One decoding position through a whole Qwen3 decoder stack (T == 1), every op in here: RMSNorm,
+// fused q/k/v, per-head q/k RMSNorm, rotate-half RoPE, the KV-cache write, grouped-query
+// attention over positions 0..start, o, SwiGLU, residuals, final norm. The Python version runs
+// ~40 torch ops per layer at a few microseconds of dispatch each; here a layer is four weight
+// streams plus a little arithmetic on vectors that stay in L1/L2.
+
+struct Packed {
+  int64_t fmt, n, k, group;
+  torch::Tensor w;
+  c10::optional<torch::Tensor> scales, mins, bias;
+  Packed(int64_t fmt_, torch::Tensor w_, c10::optional<torch::Tensor> scales_, c10::optional<torch::Tensor> mins_,
+         c10::optional<torch::Tensor> bias_, int64_t n_, int64_t k_, int64_t group_)
+      : fmt(fmt_), n(n_), k(k_), group(group_), w(std::move(w_)), scales(std::move(scales_)), mins(std::move(mins_)),
+        bias(std::move(bias_)) {
+    check_weight(static_cast<int>(fmt), w, scales, mins, n, k, group);
+    if (bias) TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n, "bias");
+  }
+  void operator()(const float* x, float* y) const {
+    stream(static_cast<int>(fmt), w, scales ? scales->data_ptr<float>() : nullptr,
+           mins ? mins->data_ptr<float>() : nullptr, bias ? bias->data_ptr<float>() : nullptr, n, k, group, x, 1, y);
+  }
+};
+
+struct Layer {
+  Packed qkv, o, gate_up, down;
+  torch::Tensor ln1, ln2, qn, kn;
+};
+
+inline void rms_norm(const float* x, const float* w, int64_t d, float eps, float* out) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < d; ++i) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
+  for (int64_t i = 0; i < d; ++i) out[i] = w[i] * (x[i] * r);
+}
+
+inline void rope(float* x, const float* cos, const float* sin, int64_t d) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + half] = b * cos[i + half] + a * sin[i + half];
+  }
+}
+
+struct Stack {
+  std::vector<Layer> layers;
+  torch::Tensor norm;
+  int64_t hidden, heads, kv_heads, head_dim, inter;
+  double eps;
+
+  Stack(std::vector<Layer> layers_, torch::Tensor norm_, int64_t hidden_, int64_t heads_, int64_t kv_heads_,
+        int64_t head_dim_, int64_t inter_, double eps_)
+      : layers(std::move(layers_)), norm(std::move(norm_)), hidden(hidden_), heads(heads_), kv_heads(kv_heads_),
+        head_dim(head_dim_), inter(inter_), eps(eps_) {
+    TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+    TORCH_CHECK(head_dim % 8 == 0, "head_dim must be a multiple of 8");
+    const int64_t nq = heads * head_dim, nkv = kv_heads * head_dim;
+    for (const auto& l : layers) {
+      TORCH_CHECK(l.qkv.k == hidden && l.qkv.n == nq + 2 * nkv, "qkv shape");
+      TORCH_CHECK(l.o.k == nq && l.o.n == hidden, "o shape");
+      TORCH_CHECK(l.gate_up.k == hidden && l.gate_up.n == 2 * inter, "gate_up shape");
+      TORCH_CHECK(l.down.k == inter && l.down.n == hidden, "down shape");
+      for (const auto* t : {&l.ln1, &l.ln2, &l.qn, &l.kn})
+        TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(), "norm weights must be float32");
+    }
+  }
+
+  // x [1, 1, hidden]; k_all/v_all [layers, 1, kv_heads, max_len, head_dim]; cos/sin rows [head_dim].
+  torch::Tensor run(const torch::Tensor& x_in, const torch::Tensor& k_all, const torch::Tensor& v_all,
+                    const torch::Tensor& cos_t, const torch::Tensor& sin_t, int64_t start) const {
+    TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.numel() == hidden, "x must be float32 [1, 1, hidden]");
+    TORCH_CHECK(k_all.scalar_type() == at::kFloat && k_all.is_contiguous() && v_all.is_contiguous() &&
+                    k_all.dim() == 5 && k_all.size(0) >= static_cast<int64_t>(layers.size()) &&
+                    k_all.size(2) == kv_heads && k_all.size(4) == head_dim && v_all.sizes() == k_all.sizes(),
+                "KV cache must be float32 [layers, 1, kv_heads, max_len, head_dim]");
+    const int64_t max_len = k_all.size(3);
+    TORCH_CHECK(start >= 0 && start < max_len, "position ", start, " outside the KV cache (", max_len, ")");
+    TORCH_CHECK(cos_t.numel() == head_dim && sin_t.numel() == head_dim && cos_t.is_contiguous() &&
+                    sin_t.is_contiguous() && cos_t.scalar_type() == at::kFloat,
+                "cos/sin must be float32 rows of head_dim");
+    const float* cs = cos_t.data_ptr<float>();
+    const float* sn = sin_t.data_ptr<float>();
+    const int64_t nq = heads * head_dim, nkv = kv_heads * head_dim, group = heads / kv_heads;
+    const float e = static_cast<float>(eps);
+    const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
+    auto out = torch::empty({1, 1, hidden}, x_in.options());
+    std::vector<float> h(x_in.data_ptr<float>(), x_in.data_ptr<float>() + hidden);
+    std::vector<float> t(std::max(hidden, nq)), qkv(nq + 2 * nkv), attn(nq), gu(2 * inter), y(hidden);
+    std::vector<float> scores(heads * (start + 1));
+    const int64_t layer_stride = kv_heads * max_len * head_dim;
+    for (size_t li = 0; li < layers.size(); ++li) {
+      const Layer& L = layers[li];
+      rms_norm(h.data(), L.ln1.data_ptr<float>(), hidden, e, t.data());
+      L.qkv(t.data(), qkv.data());
+      float* q = qkv.data();
+      float* k = q + nq;
+      const float* v = k + nkv;
+      for (int64_t i = 0; i < heads; ++i) {
+        float* qi = q + i * head_dim;
+        rms_norm(qi, L.qn.data_ptr<float>(), head_dim, e, qi);
+        rope(qi, cs, sn, head_dim);
+      }
+      float* kc = k_all.data_ptr<float>() + li * layer_stride;
+      float* vc = v_all.data_ptr<float>() + li * layer_stride;
+      for (int64_t j = 0; j < kv_heads; ++j) {
+        float* kj = k + j * head_dim;
+        rms_norm(kj, L.kn.data_ptr<float>(), head_dim, e, kj);
+        rope(kj, cs, sn, head_dim);
+        std::copy_n(kj, head_dim, kc + (j * max_len + start) * head_dim);
+        std::copy_n(v + j * head_dim, head_dim, vc + (j * max_len + start) * head_dim);
+      }
+      at::parallel_for(0, heads, 1, [&](int64_t h0, int64_t h1) {
+        for (int64_t i = h0; i < h1; ++i) {
+          const int64_t j = i / group;
+          const float* qi = q + i * head_dim;
+          const float* kb = kc + j * max_len * head_dim;
+          const float* vb = vc + j * max_len * head_dim;
+          float* sc = scores.data() + i * (start + 1);
+          float mx = -INFINITY;
+          for (int64_t p = 0; p <= start; ++p) {
+            const float* kp = kb + p * head_dim;
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t d = 0; d < head_dim; d += 8)
+              acc = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d), _mm256_loadu_ps(kp + d), acc);
+            sc[p] = hsum(acc) * scale;
+            mx = std::max(mx, sc[p]);
+          }
+          float total = 0.f;
+          for (int64_t p = 0; p <= start; ++p) {
+            sc[p] = std::exp(sc[p] - mx);
+            total += sc[p];
+          }
+          const float inv = 1.f / total;
+          float* o = attn.data() + i * head_dim;
+          std::fill_n(o, head_dim, 0.f);
+          for (int64_t p = 0; p <= start; ++p) {
+            const __m256 wp = _mm256_set1_ps(sc[p] * inv);
+            const float* vp = vb + p * head_dim;
+            for (int64_t d = 0; d < head_dim; d += 8)
+              _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + d), _mm256_loadu_ps(o + d)));
+          }
+        }
+      });
+      L.o(attn.data(), y.data());
+      for (int64_t i = 0; i < hidden; ++i) h[i] += y[i];
+      rms_norm(h.data(), L.ln2.data_ptr<float>(), hidden, e, t.data());
+      L.gate_up(t.data(), gu.data());
+      for (int64_t i = 0; i < inter; ++i) {
+        const float g = gu[i];
+        gu[i] = g / (1.f + std::exp(-g)) * gu[inter + i];
+      }
+      L.down(gu.data(), y.data());
+      for (int64_t i = 0; i < hidden; ++i) h[i] += y[i];
+    }
+    rms_norm(h.data(), norm.data_ptr<float>(), hidden, e, out.data_ptr<float>());
+    return out;
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "AVX2 weight-streaming linear layers (float32, bfloat16, int8, 4-bit weights; float32 activations)";
+  m.def("linear", &linear, "y = x W^T (+ bias) for a packed weight", py::arg("x"), py::arg("fmt"), py::arg("weight"),
+        py::arg("scales"), py::arg("mins"), py::arg("out_features"), py::arg("group"), py::arg("bias"));
+  m.def("dequantize", &dequantize, "packed weight -> float32 [out, in]", py::arg("fmt"), py::arg("weight"),
+        py::arg("scales"), py::arg("mins"), py::arg("out_features"), py::arg("in_features"), py::arg("group"));
+  m.attr("MAX_STREAM_ROWS") = kMaxRows;
+  py::class_<Packed>(m, "Packed")
+      .def(py::init<int64_t, torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>,
+                    c10::optional<torch::Tensor>, int64_t, int64_t, int64_t>(),
+           py::arg("fmt"), py::arg("weight"), py::arg("scales"), py::arg("mins"), py::arg("bias"),
+           py::arg("out_features"), py::arg("in_features"), py::arg("group"))
+      .def(
+          "__call__",
+          [](const Packed& self, const torch::Tensor& x) {
+            TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.numel() == self.k, "x: float32 [in]");
+            auto y = torch::empty({self.n}, x.options());
+            self(x.data_ptr<float>(), y.data_ptr<float>());
+            return y;
+          },
+          "one row (as Stack computes it)", py::arg("x"));
+  py::class_<Layer>(m, "Layer")
+      .def(py::init<Packed, Packed, Packed, Packed, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor>(),
+           py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("input_norm"),
+           py::arg("post_norm"), py::arg("q_norm"), py::arg("k_norm"));
+  py::class_<Stack>(m, "Stack")
+      .def(py::init<std::vector<Layer>, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t, double>(),
+           py::arg("layers"), py::arg("norm"), py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"),
+           py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
+      .def("run", &Stack::run, "one position through every layer and the final norm", py::arg("x"),
+           py::arg("k_cache"), py::arg("v_cache"), py::arg("cos"), py::arg("sin"), py::arg("start"));
+}

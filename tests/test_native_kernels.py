@@ -1,0 +1,186 @@
+"""The native CPU kernels (``torch_qwen3/native``) against plain torch on the same weights.
+
+On a machine that can build them (x86-64 Linux with AVX2/FMA, a C++ compiler and ninja, as
+``scripts/test`` installs) a failed build fails these tests; elsewhere they are skipped with the
+reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from s2s_daemon.tts.torch_qwen3 import native  # noqa: E402
+from s2s_daemon.tts.torch_qwen3.config import DecoderConfig  # noqa: E402
+from s2s_daemon.tts.torch_qwen3.layers import DecoderStack, KVCache, fuse_projections, rope_tables  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)  # the first test may build the extension (~1 min)
+
+
+@pytest.fixture(scope="module")
+def ext() -> Any:
+    reason = native.why_not_here()
+    if reason is not None:
+        pytest.skip(f"native kernels cannot run here: {reason}")
+    module = native.load()
+    assert module is not None, native.unavailable_reason()
+    return module
+
+
+def _linear(n: int, k: int, bias: bool, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    layer = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        layer.weight.normal_(0.0, 0.05)
+        if bias:
+            layer.bias.normal_(0.0, 0.1)
+    return layer
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
+def test_packing_error_is_within_half_a_step(ext: Any, fmt: str) -> None:
+    layer = _linear(48, 256, bias=False)
+    packed = native.PackedLinear(layer, fmt, ext, group=64)
+    w = layer.weight.detach()
+    got = packed.dequantized()
+    assert got.shape == w.shape
+    err = (got - w).abs()
+    if fmt == "float32":
+        assert torch.equal(got, w)
+    elif fmt == "bfloat16":
+        torch.testing.assert_close(got, w.to(torch.bfloat16).float(), rtol=0, atol=0)
+    elif fmt == "int8":
+        step = w.abs().amax(dim=1, keepdim=True) / 127
+        assert bool((err <= step / 2 + 1e-7).all())
+    else:
+        g = w.reshape(48, 4, 64)
+        step = ((g.amax(dim=2) - g.amin(dim=2)) / 15).repeat_interleave(64, dim=1)
+        assert bool((err <= step / 2 + 1e-6).all())
+    assert packed.weight_bytes < w.numel() * 4 or fmt == "float32"
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 33])
+@pytest.mark.parametrize("shape", [(64, 96), (320, 512), (33, 128)])  # odd out_features: a lone last row
+def test_linear_matches_the_dequantized_weight(ext: Any, fmt: str, rows: int, shape: tuple[int, int]) -> None:
+    n, k = shape
+    layer = _linear(n, k, bias=True, seed=rows)
+    packed = native.PackedLinear(layer, fmt, ext, group=32 if k % 64 else 64)
+    x = torch.randn(1, rows, k)
+    expected = F.linear(x, packed.dequantized(), layer.bias.detach())
+    got = packed(x)
+    assert got.shape == (1, rows, n)
+    if fmt in ("int8", "int4") and rows <= ext.MAX_STREAM_ROWS:
+        # Few-row products quantize the input to int8 per block of 32 (as GGML's Q8_0 does) and
+        # multiply in integers: the same as float products with that quantized input.
+        expected = F.linear(_q8_blocks(x), packed.dequantized(), layer.bias.detach())
+        assert float((got - F.linear(x, packed.dequantized(), layer.bias.detach())).abs().max()) > 0
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def _q8_blocks(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to int8 per block of 32 along the last axis, scale max|x| / 127."""
+    blocks = x.reshape(-1, 32)
+    scale = blocks.abs().amax(dim=1, keepdim=True) / 127
+    q = torch.where(scale > 0, torch.round(blocks / scale.clamp(min=1e-30)), torch.zeros_like(blocks))
+    return (q * scale).reshape(x.shape)
+
+
+def test_int4_group_sizes(ext: Any) -> None:
+    layer = _linear(40, 256, bias=False)
+    x = torch.randn(3, 256)
+    for group in (32, 64, 128, 256):
+        packed = native.PackedLinear(layer, "int4", ext, group=group)
+        torch.testing.assert_close(packed(x), F.linear(_q8_blocks(x), packed.dequantized()), rtol=1e-4, atol=1e-4)
+
+
+def test_bad_weights_are_refused(ext: Any) -> None:
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ext.linear(torch.randn(1, 40), 0, torch.randn(8, 40), None, None, 8, 0, None)
+    with pytest.raises(RuntimeError, match="scales"):
+        ext.linear(torch.randn(1, 64), 2, torch.zeros(8, 64, dtype=torch.int8), None, None, 8, 0, None)
+    with pytest.raises(RuntimeError, match="float32"):
+        ext.linear(torch.randn(1, 64).double(), 0, torch.randn(8, 64), None, None, 8, 0, None)
+
+
+def _stack(seed: int) -> tuple[DecoderStack, DecoderConfig]:
+    cfg = DecoderConfig(
+        hidden_size=64,
+        intermediate_size=192,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        vocab_size=100,
+        attention_bias=False,
+    )
+    torch.manual_seed(seed)
+    stack = DecoderStack(cfg)
+    with torch.no_grad():
+        for p in stack.parameters():
+            p.normal_(1.0 if p.dim() == 1 else 0.0, 0.1)
+    stack.eval().requires_grad_(False)
+    fuse_projections(stack)
+    return stack, cfg
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
+def test_stack_weights_compute_what_the_layers_compute(ext: Any, fmt: str) -> None:
+    """``Stack`` calls the same kernels through ``PackedLinear.handle``: bit for bit the same rows."""
+    layer = _linear(96, 128, bias=True)
+    packed = native.PackedLinear(layer, fmt, ext, group=64)
+    for _ in range(3):
+        x = torch.randn(1, 128)
+        assert torch.equal(packed.handle(x[0].contiguous()), packed(x)[0])
+
+
+# The glue (norms, RoPE, cache writes, attention, residuals) is the same code for every weight
+# format; float weights keep the comparison exact. With int8/int4 the input of each product is
+# quantized, so a last-bit difference upstream can move a rounding step and the two paths drift.
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16"])
+@torch.inference_mode()
+def test_native_stack_equals_the_python_layers(ext: Any, fmt: str) -> None:
+    stack, cfg = _stack(seed=3)
+    native.pack_linears(stack, fmt, ext, group=32)
+    assert native.fuse_stacks(stack, ext) == 1
+    assert stack.native is not None
+    fused = stack.native
+    cos, sin = rope_tables(cfg, 64, torch.device("cpu"))
+    caches = [KVCache(cfg, 64, torch.device("cpu"), torch.float32) for _ in range(2)]
+    prompt = torch.randn(1, 7, cfg.hidden_size)
+    for cache in caches:
+        stack.native = None
+        stack.run(prompt, cos[:7], sin[:7], cache, 0)  # the prefill always takes the Python layers
+    for pos in range(7, 20):
+        x = torch.randn(1, 1, cfg.hidden_size)
+        stack.native = None
+        expected = stack.run(x, cos[pos : pos + 1], sin[pos : pos + 1], caches[0], pos)
+        stack.native = fused
+        got = stack.run(x, cos[pos : pos + 1], sin[pos : pos + 1], caches[1], pos)
+        torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(caches[1].k, caches[0].k, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(caches[1].v, caches[0].v, rtol=2e-5, atol=2e-5)
+
+
+def test_stack_refuses_a_position_past_the_cache(ext: Any) -> None:
+    stack, cfg = _stack(seed=4)
+    native.pack_linears(stack, "float32", ext)
+    native.fuse_stacks(stack, ext)
+    cos, sin = rope_tables(cfg, 64, torch.device("cpu"))
+    cache = KVCache(cfg, 8, torch.device("cpu"), torch.float32)
+    with pytest.raises(RuntimeError, match="outside the KV cache"):
+        stack.native.run(torch.randn(1, 1, 64), cache.k, cache.v, cos[8:9], sin[8:9], 8)
+
+
+def test_stack_needs_every_linear_packed(ext: Any) -> None:
+    stack, _ = _stack(seed=5)
+    assert native.fuse_stacks(stack, ext) == 0
+    assert stack.native is None
