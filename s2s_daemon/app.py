@@ -56,6 +56,7 @@ def engine_options(config: DaemonConfig) -> EngineOptions:
         device=tts.torch.device,
         dtype=tts.torch.dtype,
         quantization=quantization,
+        kernels=tts.torch.kernels,
         revision=tts.revision,
         extra=dict(tts.options),
     )

@@ -58,6 +58,7 @@ def cmd_say(args: argparse.Namespace) -> int:
         ("model", "S2S_TTS__MODEL"),
         ("device", "S2S_TTS__TORCH__DEVICE"),
         ("dtype", "S2S_TTS__TORCH__DTYPE"),
+        ("kernels", "S2S_TTS__TORCH__KERNELS"),
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -106,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--seed", type=int)
     say.add_argument("--dtype", help="torch: float32, bfloat16, float16 or auto")
     say.add_argument("--device", help="torch: auto, cpu, cuda, cuda:N, mps")
-    say.add_argument("--quantization", help="mlx: 4bit|6bit|8bit|bf16; torch: none|int8")
+    say.add_argument("--quantization", help="mlx: 4bit|6bit|8bit|bf16; torch: none|int8|int4")
+    say.add_argument("--kernels", choices=["auto", "native", "torch"], help="torch on the CPU: linear kernels")
     say.add_argument("--ref-audio", type=Path, help="reference recording for voice cloning (Base models)")
     say.add_argument("--ref-text", help="transcript of --ref-audio")
     say.set_defaults(func=cmd_say)

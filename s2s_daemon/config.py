@@ -71,8 +71,12 @@ class TorchEngineConfig(Section):
     device: str = "auto"
     """``auto`` (cuda, then mps, then cpu), ``cpu``, ``cuda``, ``cuda:1``, ``mps``."""
     dtype: Literal["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"] = "auto"
-    quantization: Literal["none", "int8"] = "none"
-    """Weight-only int8 linears (CPU)."""
+    quantization: Literal["none", "int8", "int4"] = "none"
+    """CPU weight-only quantization of the talker: ``int8`` (per output channel) or ``int4``
+    (per group of 64 inputs, needs the native kernels)."""
+    kernels: Literal["auto", "native", "torch"] = "auto"
+    """CPU linear kernels: ``native`` (AVX2 C++ built on first use), ``torch``'s own, or ``auto``
+    (native when this machine can build and run them)."""
 
 
 class MlxEngineConfig(Section):

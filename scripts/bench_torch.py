@@ -1,7 +1,7 @@
 """Benchmark the torch engine per weight format: frames per second, time to first chunk, peak RSS.
 
     .venv/bin/python -m s2s_daemon.tools.make_checkpoint /tmp/qwen3_06b_cv --size 0.6b --kind custom_voice
-    .venv/bin/python scripts/bench_torch.py /tmp/qwen3_06b_cv [--formats fp32,bf16,int8] [--frames 24]
+    .venv/bin/python scripts/bench_torch.py /tmp/qwen3_06b_cv [--formats fp32,int8,int4,fp32-torch] [--frames 24]
 
 Each format runs in its own subprocess so its peak RSS is its own. Per format it loads the
 engine, warms up (2 frames), then synthesizes a ten-word sentence with a fixed frame count
@@ -11,6 +11,8 @@ engine, warms up (2 frames), then synthesizes a ten-word sentence with a fixed f
 - ``audio_fps``: codec frames per second of the whole stream, codec decoding included
   (real time is 12.5);
 - ``talker_fps``: frames per second of the talker + code predictor alone (no codec);
+- ``audio_ms_per_frame`` beside ``qwentts_cpp_ms``: our time per frame with audio decoding and
+  qwentts.cpp's for the matching GGML format (F32, BF16, Q8_0, Q4_K_M; figures quoted from issue 3);
 - ``peak_rss_mib``: the child's maximum resident set;
 - ``floor_ms``: bytes of weights one frame reads (talker layers + codec head once, predictor
   layers + one head per codebook 1..15) divided by the measured read bandwidth: the fastest a
@@ -31,10 +33,20 @@ from typing import Any
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river."
 FORMATS = {
-    "fp32": {"dtype": "float32", "quantization": "none"},
-    "bf16": {"dtype": "bfloat16", "quantization": "none"},
-    "int8": {"dtype": "float32", "quantization": "int8"},
+    "fp32": {"dtype": "float32", "quantization": "none", "kernels": "native"},
+    "bf16": {"dtype": "bfloat16", "quantization": "none", "kernels": "native"},
+    "int8": {"dtype": "float32", "quantization": "int8", "kernels": "native"},
+    "int4": {"dtype": "float32", "quantization": "int4", "kernels": "native"},
+    "fp32-torch": {"dtype": "float32", "quantization": "none", "kernels": "torch"},
+    "bf16-torch": {"dtype": "bfloat16", "quantization": "none", "kernels": "torch"},
+    "int8-torch": {"dtype": "float32", "quantization": "int8", "kernels": "torch"},
 }
+"""``fmt-torch``: torch's own kernels (FBGEMM for int8) instead of the native ones."""
+
+QWENTTS_CPP_MS = {"fp32": 470, "bf16": 400, "int8": 280, "int4": 220}
+"""qwentts.cpp (GGML) on the same random checkpoint, 2 threads, ms per frame with audio decoding:
+F32, BF16, Q8_0, Q4_K_M, as measured on this project's machine and quoted on issue 3 (it cannot
+be installed here, so it is printed beside our figures, not run)."""
 
 
 def read_bandwidth_gbs(threads: int) -> float:
@@ -55,12 +67,13 @@ def weight_bytes_per_frame(engine: Any) -> int:
     """Bytes of weights read to produce one frame."""
     from torch import nn
 
+    from s2s_daemon.tts.torch_qwen3.native import PackedLinear
     from s2s_daemon.tts.torch_qwen3.quant import Int8Linear
 
     def size(module: nn.Module) -> int:
         total = 0
         for m in module.modules():
-            if isinstance(m, Int8Linear):
+            if isinstance(m, (Int8Linear, PackedLinear)):
                 total += m.weight_bytes
             else:
                 total += sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
@@ -88,6 +101,7 @@ def run_one(model: str, fmt: str, frames: int, threads: int) -> dict[str, Any]:
             device="cpu",
             dtype=opts["dtype"],
             quantization=opts["quantization"],
+            kernels=opts["kernels"],
             extra={"max_frames": str(frames), "threads": str(threads)},
         )
     )
@@ -127,7 +141,7 @@ def run_one(model: str, fmt: str, frames: int, threads: int) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="checkpoint folder (e.g. a 0.6b random checkpoint from make_checkpoint)")
-    parser.add_argument("--formats", default="fp32,bf16,int8")
+    parser.add_argument("--formats", default="fp32,bf16,int8,int4,fp32-torch,int8-torch")
     parser.add_argument("--frames", type=int, default=24)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -150,11 +164,13 @@ def main() -> int:
         row = json.loads(lines[-1])
         row["floor_ms"] = round(row["weight_mib_per_frame"] * 2**20 / (bandwidth * 1e9) * 1000, 1)
         row["ms_per_frame"] = round(1000 / row["talker_fps"], 1) if row["talker_fps"] else None
+        row["audio_ms_per_frame"] = round(1000 / row["audio_fps"], 1) if row["audio_fps"] else None
+        row["qwentts_cpp_ms"] = QWENTTS_CPP_MS.get(fmt)
         rows.append(row)
         print(json.dumps(row))
     print()
-    header = ("format", "ttfa_ms", "audio_fps", "talker_fps", "ms_per_frame", "floor_ms", "weight_mib_per_frame",
-              "peak_rss_mib", "load_s")  # fmt: skip
+    header = ("format", "ttfa_ms", "audio_fps", "audio_ms_per_frame", "qwentts_cpp_ms", "ms_per_frame", "floor_ms",
+              "weight_mib_per_frame", "peak_rss_mib", "load_s")  # fmt: skip
     print(" | ".join(header))
     for row in rows:
         print(" | ".join(str(row.get(h)) for h in header))

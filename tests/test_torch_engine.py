@@ -380,25 +380,69 @@ def _first_logits(engine: TorchQwen3Engine) -> torch.Tensor:
     return logits.float()
 
 
-def test_int8_quantized_engine(cv: TorchQwen3Engine) -> None:
+def _native_or_skip(kernels: str) -> None:
+    from s2s_daemon.tts.torch_qwen3 import native
+
+    if kernels == "native" and native.why_not_here() is not None:
+        pytest.skip(f"native kernels cannot run here: {native.why_not_here()}")
+
+
+@pytest.mark.parametrize(
+    ("quantization", "kernels", "max_rms_error", "min_corr"),
+    [("int8", "torch", 0.25, 0.98), ("int8", "native", 0.05, 0.998), ("int4", "native", 0.25, 0.98)],
+)
+def test_quantized_engine(
+    cv: TorchQwen3Engine, quantization: str, kernels: str, max_rms_error: float, min_corr: float
+) -> None:
+    _native_or_skip(kernels)
     engine = TorchQwen3Engine(
-        EngineOptions(model=str(CV), device="cpu", quantization="int8", extra={"max_frames": "4"})
+        EngineOptions(
+            model=str(CV), device="cpu", quantization=quantization, kernels=kernels, extra={"max_frames": "4"}
+        )
     )
     info = engine.load_blocking()
     try:
-        assert info.dtype == "int8"
+        assert info.dtype == quantization
         reference = _first_logits(cv)
         quantized = _first_logits(engine)
-        # Per-channel int8 weights, activations quantized per call to 8 bits: on this tiny model
-        # (64 channels) the logits keep a correlation of 0.995 and an RMS error of 10% of their
-        # RMS (measured); a wrong scale or layout would give a correlation near 0.
+        # The prompt's logits on this tiny model (64 channels), measured: int8 with torch's FBGEMM
+        # (activations quantized too) correlation 0.995, RMS error 10% of the logits' RMS; native
+        # int8 (float activations in a prefill) 0.9999 and 1%; native int4 (groups of 64) 0.992 and
+        # 13%. A wrong scale or layout gives a correlation near 0.
         rms = float(reference.pow(2).mean().sqrt())
-        assert float((quantized - reference).pow(2).mean().sqrt()) < 0.25 * rms
-        assert torch.corrcoef(torch.stack([quantized[0], reference[0]]))[0, 1] > 0.98
+        assert float((quantized - reference).pow(2).mean().sqrt()) < max_rms_error * rms
+        assert torch.corrcoef(torch.stack([quantized[0], reference[0]]))[0, 1] > min_corr
         chunks = list(engine.synthesize_blocking(_request(seed=1), lambda: False))
         assert sum(len(c) for c in chunks) == 4 * SAMPLES_PER_FRAME
     finally:
         engine.close_blocking()
+
+
+def test_native_kernels_give_the_torch_kernels_codes(cv: TorchQwen3Engine) -> None:
+    """float32 through the native linears and fused stacks: the same greedy codes as plain torch."""
+    _native_or_skip("native")
+    plain = TorchQwen3Engine(
+        EngineOptions(model=str(CV), device="cpu", dtype="float32", kernels="torch", extra={"max_frames": "10"})
+    )
+    plain.load_blocking()
+    fused = TorchQwen3Engine(
+        EngineOptions(model=str(CV), device="cpu", dtype="float32", kernels="native", extra={"max_frames": "10"})
+    )
+    fused.load_blocking()
+    try:
+        assert fused.runtime is not None and fused.runtime.talker.model.native is not None
+        assert plain.runtime is not None and plain.runtime.talker.model.native is None
+        request = _request(greedy=True)
+        assert torch.equal(fused.codes_blocking(request, max_frames=10), plain.codes_blocking(request, max_frames=10))
+    finally:
+        plain.close_blocking()
+        fused.close_blocking()
+
+
+def test_int4_needs_the_native_kernels() -> None:
+    engine = TorchQwen3Engine(EngineOptions(model=str(CV), device="cpu", quantization="int4", kernels="torch"))
+    with pytest.raises(EngineError, match="int4 quantization needs the native CPU kernels"):
+        engine.load_blocking()
 
 
 def test_bfloat16_engine(cv: TorchQwen3Engine) -> None:
@@ -419,6 +463,8 @@ def test_bfloat16_engine(cv: TorchQwen3Engine) -> None:
 def test_bad_options() -> None:
     with pytest.raises(EngineError):
         TorchQwen3Engine(EngineOptions(model=str(CV), device="cpu", dtype="float8")).load_blocking()
+    with pytest.raises(EngineError, match="kernels"):
+        TorchQwen3Engine(EngineOptions(model=str(CV), device="cpu", kernels="fast")).load_blocking()
     with pytest.raises(EngineError):
         TorchQwen3Engine(
             EngineOptions(model=str(CV), device="cuda:0" if not torch.cuda.is_available() else "nope")

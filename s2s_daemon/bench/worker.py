@@ -106,7 +106,7 @@ class EngineHost:
         options = EngineOptions(
             model=str(raw.pop("model")),
             extra=extra,
-            **{k: str(v) for k, v in raw.items() if k in ("device", "dtype", "quantization", "revision")},
+            **{k: str(v) for k, v in raw.items() if k in ("device", "dtype", "quantization", "kernels", "revision")},
         )
         rss_before = rss_mib()
         start = time.perf_counter()

@@ -83,7 +83,9 @@ class EngineOptions:
     device: str = "auto"
     dtype: str = "auto"
     quantization: str = "6bit"
-    """MLX: ``4bit``, ``6bit``, ``8bit`` or ``bf16``; torch: ``none`` or ``int8``."""
+    """MLX: ``4bit``, ``6bit``, ``8bit`` or ``bf16``; torch: ``none``, ``int8`` or ``int4``."""
+    kernels: str = "auto"
+    """Torch on the CPU: ``auto``, ``native`` or ``torch`` linear kernels."""
     revision: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
     """Backend-specific knobs (test engines use this for speed)."""

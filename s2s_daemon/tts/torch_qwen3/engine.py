@@ -178,19 +178,7 @@ class TorchQwen3Engine:
         if threads is not None and threads > 0:
             torch.set_num_threads(threads)  # process-wide: the intra-op pool is shared
         dtype = pick_dtype(self.options.dtype, device)
-        quantization = (self.options.quantization or "none").lower()
-        int8 = quantization == "int8"
-        if quantization not in ("int8", "none", ""):
-            # The shared default (``6bit``) belongs to the MLX engine; torch knows only none and int8.
-            log.info("quantization_not_for_torch", quantization=quantization, used="none")
-        if int8:
-            from s2s_daemon.tts.torch_qwen3.quant import int8_supported
-
-            if device.type != "cpu":
-                raise EngineError("int8 quantization is a CPU option; use bfloat16 on accelerators")
-            if not int8_supported():
-                raise EngineError("this torch build has no quantized engine for int8 linears")
-            dtype = torch.float32
+        dtype, weight_format, ext = self._weight_format(device, dtype)
         folder = resolve_checkpoint(self.options.model, self.options.revision)
         cfg = load_model_config(folder)
         gen = load_generation_settings(folder)
@@ -201,14 +189,19 @@ class TorchQwen3Engine:
         weights.eval()
         weights.requires_grad_(False)
         fuse_projections(weights)
-        if int8:
+        if ext is not None:
+            from s2s_daemon.tts.torch_qwen3.native import fuse_stacks, pack_linears
+
+            pack_linears(weights.talker, weight_format, ext)
+            fuse_stacks(weights.talker, ext)
+        elif weight_format == "int8":
             from s2s_daemon.tts.torch_qwen3.quant import quantize_linears
 
             quantize_linears(weights.talker)
         else:
             matvec_layout(weights.talker)
             small_batch_linears(weights.talker)
-        self.codec = self._load_codec(folder, device, dtype)
+        self.codec = self._load_codec(folder, device, dtype, ext)
         if cfg.mode == "base":
             self._load_clone_encoders(folder, device, dtype)
         runtime = TalkerRuntime(weights, cfg, device, dtype)
@@ -225,7 +218,7 @@ class TorchQwen3Engine:
             sample_rate=int(getattr(self.codec, "sample_rate", SAMPLE_RATE)),
             voices=cfg.voices,
             languages=cfg.languages,
-            dtype="int8" if int8 else str(dtype).removeprefix("torch."),
+            dtype=weight_format,
             mode=cfg.mode,
         )
         log.info(
@@ -235,6 +228,7 @@ class TorchQwen3Engine:
             mode=cfg.mode,
             device=self.info.device,
             dtype=self.info.dtype,
+            kernels="native" if ext is not None else "torch",
             voices=len(cfg.voices),
             load_s=round(time.perf_counter() - started, 2),
         )
@@ -258,7 +252,47 @@ class TorchQwen3Engine:
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise CheckpointError(f"text tokenizer in {folder} cannot be loaded: {exc}") from exc
 
-    def _load_codec(self, folder: Path, device: torch.device, dtype: torch.dtype) -> Any:
+    def _weight_format(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.dtype, str, Any]:
+        """(runtime dtype, talker weight format, native extension or None) from the options.
+
+        On the CPU the native kernels (``tts.torch.kernels``) run every talker linear with float32
+        activations and float32, bfloat16, int8 or int4 weights; without them int8 is torch's
+        FBGEMM linear and other dtypes are plain torch.
+        """
+        quantization = (self.options.quantization or "none").lower()
+        if quantization not in ("int8", "int4", "none", ""):
+            # The shared default (``6bit``) belongs to the MLX engine; torch knows none, int8 and int4.
+            log.info("quantization_not_for_torch", quantization=quantization, used="none")
+            quantization = "none"
+        quantized = quantization in ("int8", "int4")
+        if quantized and device.type != "cpu":
+            raise EngineError(f"{quantization} quantization is a CPU option; use bfloat16 on accelerators")
+        kernels = (self.options.kernels or "auto").lower()
+        if kernels not in ("auto", "native", "torch"):
+            raise EngineError(f"kernels {kernels!r} is not one of auto, native, torch")
+        ext = None
+        wanted = device.type == "cpu" and kernels != "torch" and (quantized or dtype != torch.float16)
+        if wanted:
+            from s2s_daemon.tts.torch_qwen3 import native
+
+            ext = native.load()
+            if ext is None and (kernels == "native" or quantization == "int4"):
+                need = "kernels: native" if kernels == "native" else "int4 quantization"
+                raise EngineError(f"{need} needs the native CPU kernels: {native.unavailable_reason()}")
+        if quantization == "int4" and ext is None:
+            raise EngineError("int4 quantization needs the native CPU kernels (tts.torch.kernels: auto or native)")
+        if quantization == "int8" and ext is None:
+            from s2s_daemon.tts.torch_qwen3.quant import int8_supported
+
+            if not int8_supported():
+                raise EngineError("this torch build has no quantized engine for int8 linears")
+        if quantized:
+            return torch.float32, quantization, ext
+        fmt = str(dtype).removeprefix("torch.")
+        # Native bfloat16 keeps float32 activations (and norms, embeddings) around bfloat16 weights.
+        return (torch.float32 if ext is not None else dtype), fmt, ext
+
+    def _load_codec(self, folder: Path, device: torch.device, dtype: torch.dtype, ext: Any = None) -> Any:
         try:
             from s2s_daemon.tts.torch_qwen3.codec import CodecDecoder
         except ImportError as exc:
@@ -266,6 +300,10 @@ class TorchQwen3Engine:
         # The decoder runs in float32 on the CPU and in the model dtype (bf16) elsewhere; int8 is talker-only.
         codec_dtype = torch.float32 if device.type == "cpu" else dtype
         codec = CodecDecoder.from_folder(folder / "speech_tokenizer", device, codec_dtype)
+        if ext is not None:
+            from s2s_daemon.tts.torch_qwen3.native import pack_linears
+
+            pack_linears(codec, "float32", ext)
         small_batch_linears(codec)
         return codec
 

@@ -6,6 +6,8 @@ Attention writes into a caller-owned static KV cache; nothing here grows a tenso
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -291,6 +293,8 @@ class DecoderStack(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.native: Any = None
+        """``native.Stack`` running one CPU position in C++ (set by ``native.fuse_stacks``)."""
 
     def run(
         self,
@@ -303,6 +307,8 @@ class DecoderStack(nn.Module):
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run every layer; returns the final-normed hidden states ``[1, T, hidden]``."""
+        if self.native is not None and positions is None and x.shape[1] == 1:
+            return self.native.run(x, cache.k, cache.v, cos, sin, start)  # type: ignore[no-any-return]
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask, positions)
         return self.norm(x)  # type: ignore[no-any-return]
