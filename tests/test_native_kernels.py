@@ -66,7 +66,7 @@ def test_packing_error_is_within_half_a_step(ext: Any, fmt: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 33])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 33, 70])  # streamed, blocked (<= 64), widened for at::mm
 @pytest.mark.parametrize("shape", [(64, 96), (320, 512), (33, 128)])  # odd out_features: a lone last row
 def test_linear_matches_the_dequantized_weight(ext: Any, fmt: str, rows: int, shape: tuple[int, int]) -> None:
     n, k = shape
@@ -159,13 +159,16 @@ def test_native_stack_equals_the_python_layers(ext: Any, fmt: str) -> None:
     for cache in caches:
         stack.native = None
         stack.run(prompt, cos[:7], sin[:7], cache, 0)  # the prefill always takes the Python layers
-    for pos in range(7, 20):
-        x = torch.randn(1, 1, cfg.hidden_size)
+    pos = 7
+    for rows in (1, 1, 2, 1, 3, 4, 1, 2):  # blocks of positions, causal within each, as the predictor's first step
+        x = torch.randn(1, rows, cfg.hidden_size)
         stack.native = None
-        expected = stack.run(x, cos[pos : pos + 1], sin[pos : pos + 1], caches[0], pos)
+        expected = stack.run(x, cos[pos : pos + rows], sin[pos : pos + rows], caches[0], pos)
         stack.native = fused
-        got = stack.run(x, cos[pos : pos + 1], sin[pos : pos + 1], caches[1], pos)
+        got = stack.run(x, cos[pos : pos + rows], sin[pos : pos + rows], caches[1], pos)
+        assert got.shape == (1, rows, cfg.hidden_size)
         torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)
+        pos += rows
     torch.testing.assert_close(caches[1].k, caches[0].k, rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(caches[1].v, caches[0].v, rtol=2e-5, atol=2e-5)
 

@@ -286,6 +286,11 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))  # type: ignore[no-any-return]
 
 
+NATIVE_STACK_ROWS = 4
+"""Positions per call that ``native.Stack`` takes (its ``kMaxRows``): decoding steps and the code
+predictor's 2-position first step; longer prompts take the Python layers."""
+
+
 class DecoderStack(nn.Module):
     """``layers`` + final ``norm``; the embedding tables live with the owner (names follow the checkpoint)."""
 
@@ -307,7 +312,7 @@ class DecoderStack(nn.Module):
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run every layer; returns the final-normed hidden states ``[1, T, hidden]``."""
-        if self.native is not None and positions is None and x.shape[1] == 1:
+        if self.native is not None and positions is None and x.shape[1] <= NATIVE_STACK_ROWS:
             return self.native.run(x, cache.k, cache.v, cos, sin, start)  # type: ignore[no-any-return]
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask, positions)

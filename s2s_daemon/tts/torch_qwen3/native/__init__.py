@@ -26,8 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from s2s_daemon.tts.torch_qwen3.layers import SMALL_BATCH_ROWS
-
 log = structlog.get_logger(__name__)
 
 FORMATS = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}
@@ -149,9 +147,9 @@ def _pack(weight: torch.Tensor, fmt: str, group: int) -> tuple[torch.Tensor, tor
 class PackedLinear(nn.Module):
     """Drop-in for a CPU ``nn.Linear`` whose weight is stored in ``fmt`` and read by ``linear.cpp``.
 
-    Activations are float32 in and out. For float32 weights, more rows than the streaming kernel
-    takes (a prefill) go to torch's own GEMM, which is faster there; the packed formats widen
-    blocks of weight rows for that GEMM inside the extension.
+    Activations are float32 in and out. Up to ``MAX_STREAM_ROWS`` rows stream the weight once;
+    up to ``MAX_BLOCKED_ROWS`` (a prompt) run a register-blocked product; more rows take torch's
+    GEMM (float32 weights) or widen blocks of weight rows for it inside the extension.
     """
 
     def __init__(self, linear: nn.Linear, fmt: str, ext: Any, group: int = INT4_GROUP) -> None:
@@ -167,7 +165,7 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias.detach().float().contiguous() if linear.bias is not None else None
         self._code = FORMATS[fmt]
         self._ext = ext
-        self._max_rows = int(ext.MAX_STREAM_ROWS)
+        self._max_rows = int(ext.MAX_BLOCKED_ROWS)
         self.weight_bytes = sum(t.numel() * t.element_size() for t in (data, scales, mins) if t is not None)
         self.handle = ext.Packed(self._code, data, scales, mins, self.bias, self.out_features, self.in_features,
                                  self.group)  # fmt: skip
@@ -175,13 +173,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._code == 0 and x.numel() > self._max_rows * self.in_features:
-            rows = x.numel() // self.in_features
-            if rows > SMALL_BATCH_ROWS[1]:
-                return F.linear(x, self.data, self.bias)
-            out = torch.mm(self.data, x.reshape(rows, self.in_features).t()).t()  # see SmallBatchLinear
-            if self.bias is not None:
-                out = out + self.bias
-            return out.reshape(*x.shape[:-1], self.out_features)
+            return F.linear(x, self.data, self.bias)
         return self._ext.linear(  # type: ignore[no-any-return]
             x, self._code, self.data, self.scales, self.mins, self.out_features, self.group, self.bias
         )

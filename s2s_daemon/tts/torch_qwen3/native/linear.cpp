@@ -33,10 +33,10 @@ constexpr int kBF16 = 1;
 constexpr int kI8 = 2;
 constexpr int kI4 = 3;
 constexpr int64_t kMaxRows = 4;
-#ifndef S2S_PREFETCH
-#define S2S_PREFETCH 4096
-#endif
-constexpr int64_t kPrefetchBytes = S2S_PREFETCH;
+// Software prefetch distance of the integer kernels. Their unpacking keeps too few loads in flight
+// for the hardware prefetcher alone: 4 KiB ahead took int8 from 9 to 13 GB/s and int4 from 9 to
+// 12-14 on 0.6B shapes (0, 1 and 16 KiB were slower); the float kernels got slower with it.
+constexpr int64_t kPrefetchBytes = 4096;
 
 inline float hsum(__m256 v) {
   __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -304,8 +304,6 @@ void i4q_pairs_pg(const uint8_t* w, const float* scales, const float* mins, cons
     __m256 o0 = _mm256_setzero_ps(), o1 = _mm256_setzero_ps();
     float f0 = 0.f, f1 = 0.f;
     for (int64_t g = 0; g < groups; ++g) {
-      // Software prefetch a few rows ahead: the unpacking keeps too few loads in flight for the
-      // hardware prefetcher alone to reach full bandwidth.
       _mm_prefetch(reinterpret_cast<const char*>(r0 + g * G / 2 + kPrefetchBytes), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(r1 + g * G / 2 + kPrefetchBytes), _MM_HINT_T0);
       __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -384,6 +382,148 @@ void check_weight(int fmt, const torch::Tensor& w, const c10::optional<torch::Te
   }
 }
 
+// ------------------------------------------------------------------------------------------
+// A prompt's rows (kMaxRows < M <= kBlockedMaxRows): a register-blocked product that widens each
+// weight in registers (2 weight rows x 6 input rows = 12 float32 accumulators) and reuses it for
+// 6 input rows, so a prefill runs at FMA speed without writing widened weights to memory. Widening
+// a block of rows into a buffer for at::mm (the path for longer inputs) makes MKL pack it again:
+// 47-67 GFLOP/s for 30 rows of a 6144x1024 weight here, against ~140 for 64 rows.
+constexpr int64_t kBlockedMaxRows = 64;
+
+// Eight weights of row `n` at column k as float32 (i8: unscaled; the row scale is applied at the end).
+struct WF32 {
+  const float* w;
+  int64_t K;
+  __m256 at(int64_t n, int64_t k) const { return _mm256_loadu_ps(w + n * K + k); }
+  float post(int64_t) const { return 1.f; }
+};
+struct WBF16 {
+  const uint16_t* w;
+  int64_t K;
+  __m256 at(int64_t n, int64_t k) const { return LoadBF16::at(w + n * K + k); }
+  float post(int64_t) const { return 1.f; }
+};
+struct WI8 {
+  const int8_t* w;
+  const float* scale;
+  int64_t K;
+  __m256 at(int64_t n, int64_t k) const { return LoadI8::at(w + n * K + k); }
+  float post(int64_t n) const { return scale[n]; }
+};
+struct WI4 {
+  const uint8_t* w;
+  const float* scales;
+  const float* mins;
+  int64_t K, G;
+};
+
+template <class W, int NR, int MR>
+inline void blocked_tile(const W& wt, const float* x, float* y, int64_t K, int64_t N, int64_t n, int64_t m,
+                         const float* bias) {
+  __m256 acc[NR][MR];
+  for (int a = 0; a < NR; ++a)
+    for (int b = 0; b < MR; ++b) acc[a][b] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    __m256 wv[NR];
+    for (int a = 0; a < NR; ++a) wv[a] = wt.at(n + a, k);
+    for (int b = 0; b < MR; ++b) {
+      const __m256 xv = _mm256_loadu_ps(x + (m + b) * K + k);
+      for (int a = 0; a < NR; ++a) acc[a][b] = _mm256_fmadd_ps(wv[a], xv, acc[a][b]);
+    }
+  }
+  for (int a = 0; a < NR; ++a) {
+    const float post = wt.post(n + a);
+    const float add = bias ? bias[n + a] : 0.f;
+    for (int b = 0; b < MR; ++b) y[(m + b) * N + n + a] = hsum(acc[a][b]) * post + add;
+  }
+}
+
+template <class W, int NR>
+inline void blocked_rows(const W& wt, const float* x, float* y, int64_t M, int64_t K, int64_t N, int64_t n,
+                         const float* bias) {
+  int64_t m = 0;
+  for (; m + 6 <= M; m += 6) blocked_tile<W, NR, 6>(wt, x, y, K, N, n, m, bias);
+  switch (M - m) {
+    case 5: blocked_tile<W, NR, 5>(wt, x, y, K, N, n, m, bias); break;
+    case 4: blocked_tile<W, NR, 4>(wt, x, y, K, N, n, m, bias); break;
+    case 3: blocked_tile<W, NR, 3>(wt, x, y, K, N, n, m, bias); break;
+    case 2: blocked_tile<W, NR, 2>(wt, x, y, K, N, n, m, bias); break;
+    case 1: blocked_tile<W, NR, 1>(wt, x, y, K, N, n, m, bias); break;
+    default: break;
+  }
+}
+
+template <class W>
+void blocked(const W& wt, const float* x, float* y, int64_t M, int64_t K, int64_t N, const float* bias) {
+  at::parallel_for(0, (N + 1) / 2, 4, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n = 2 * p;
+      if (n + 2 <= N)
+        blocked_rows<W, 2>(wt, x, y, M, K, N, n, bias);
+      else
+        blocked_rows<W, 1>(wt, x, y, M, K, N, n, bias);
+    }
+  });
+}
+
+// 4-bit weights: one weight row against MR input rows, 32 weights (one 16-byte block) per step,
+// widened one vector at a time from the block held in a register (two rows of 4-bit weights and
+// their scales would spill the 12 accumulators of the generic tile).
+template <int MR>
+inline void i4_tile(const WI4& wt, const float* x, float* y, int64_t K, int64_t N, int64_t n, int64_t m,
+                    const float* bias) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const uint8_t* row = wt.w + n * (K / 2);
+  const float* sc = wt.scales + n * (K / wt.G);
+  const float* mn = wt.mins + n * (K / wt.G);
+  __m256 acc[MR];
+  for (int b = 0; b < MR; ++b) acc[b] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
+    const __m128i lo = _mm_and_si128(raw, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+    const __m256 s = _mm256_broadcast_ss(sc + k / wt.G);
+    const __m256 mv = _mm256_broadcast_ss(mn + k / wt.G);
+    for (int j = 0; j < 4; ++j) {
+      const __m128i src = j == 0 ? lo : j == 1 ? _mm_srli_si128(lo, 8) : j == 2 ? hi : _mm_srli_si128(hi, 8);
+      const __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(src)), s, mv);
+      for (int b = 0; b < MR; ++b)
+        acc[b] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (m + b) * K + k + 8 * j), acc[b]);
+    }
+  }
+  const float add = bias ? bias[n] : 0.f;
+  for (int b = 0; b < MR; ++b) y[(m + b) * N + n] = hsum(acc[b]) + add;
+}
+
+void i4_blocked(const WI4& wt, const float* x, float* y, int64_t M, int64_t K, int64_t N, const float* bias) {
+  at::parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      int64_t m = 0;
+      for (; m + 6 <= M; m += 6) i4_tile<6>(wt, x, y, K, N, n, m, bias);
+      switch (M - m) {
+        case 5: i4_tile<5>(wt, x, y, K, N, n, m, bias); break;
+        case 4: i4_tile<4>(wt, x, y, K, N, n, m, bias); break;
+        case 3: i4_tile<3>(wt, x, y, K, N, n, m, bias); break;
+        case 2: i4_tile<2>(wt, x, y, K, N, n, m, bias); break;
+        case 1: i4_tile<1>(wt, x, y, K, N, n, m, bias); break;
+        default: break;
+      }
+    }
+  });
+}
+
+void blocked_linear(int f, const torch::Tensor& w, const float* sp, const float* mp, const float* bp, int64_t N,
+                    int64_t K, int64_t group, const float* xp, int64_t M, float* yp) {
+  switch (f) {
+    case kF32: blocked(WF32{w.data_ptr<float>(), K}, xp, yp, M, K, N, bp); break;
+    case kBF16:
+      blocked(WBF16{reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), K}, xp, yp, M, K, N, bp);
+      break;
+    case kI8: blocked(WI8{w.data_ptr<int8_t>(), sp, K}, xp, yp, M, K, N, bp); break;
+    default: i4_blocked(WI4{w.data_ptr<uint8_t>(), sp, mp, K, group}, xp, yp, M, K, N, bp);
+  }
+}
+
 // y [M, N] = x [M, K] W^T (+ bias) for M <= kMaxRows, threads over output rows.
 void stream(int f, const torch::Tensor& w, const float* sp, const float* mp, const float* bp, int64_t N, int64_t K,
             int64_t group, const float* xp, int64_t M, float* yp) {
@@ -446,8 +586,13 @@ torch::Tensor linear(const torch::Tensor& x_in, int64_t fmt, const torch::Tensor
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   const int f = static_cast<int>(fmt);
 
+  if (M > kMaxRows && M <= kBlockedMaxRows) {
+    auto y = torch::empty({M, N}, x.options());
+    blocked_linear(f, w, sp, mp, bp, N, K, group, x.data_ptr<float>(), M, y.data_ptr<float>());
+    return y.reshape(out_shape);
+  }
   if (M > kMaxRows) {
-    // Prefill: widen a block of weight rows (4 MiB) into a float32 buffer, multiply with at::mm
+    // Longer inputs: widen a block of weight rows (4 MiB) into a float32 buffer, multiply with at::mm
     // into the transposed output (a contiguous slice), repeat.
     const int64_t block = std::min<int64_t>(N, std::max<int64_t>(16, (int64_t{1} << 20) / K));
     auto buf = torch::empty({block, K}, x.options());
@@ -501,9 +646,10 @@ struct Packed {
     check_weight(static_cast<int>(fmt), w, scales, mins, n, k, group);
     if (bias) TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n, "bias");
   }
-  void operator()(const float* x, float* y) const {
+  void operator()(const float* x, float* y, int64_t rows = 1) const {
     stream(static_cast<int>(fmt), w, scales ? scales->data_ptr<float>() : nullptr,
-           mins ? mins->data_ptr<float>() : nullptr, bias ? bias->data_ptr<float>() : nullptr, n, k, group, x, 1, y);
+           mins ? mins->data_ptr<float>() : nullptr, bias ? bias->data_ptr<float>() : nullptr, n, k, group, x, rows,
+           y);
   }
 };
 
@@ -551,94 +697,114 @@ struct Stack {
     }
   }
 
-  // x [1, 1, hidden]; k_all/v_all [layers, 1, kv_heads, max_len, head_dim]; cos/sin rows [head_dim].
+  // x [1, T, hidden] at positions start..start+T-1 (T <= kMaxRows, causal within the block);
+  // k_all/v_all [layers, 1, kv_heads, max_len, head_dim]; cos/sin [T, head_dim].
   torch::Tensor run(const torch::Tensor& x_in, const torch::Tensor& k_all, const torch::Tensor& v_all,
                     const torch::Tensor& cos_t, const torch::Tensor& sin_t, int64_t start) const {
-    TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.numel() == hidden, "x must be float32 [1, 1, hidden]");
+    TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 3 && x_in.size(0) == 1 &&
+                    x_in.size(2) == hidden && x_in.size(1) >= 1 && x_in.size(1) <= kMaxRows,
+                "x must be float32 [1, T <= ", kMaxRows, ", hidden]");
+    const int64_t T = x_in.size(1);
     TORCH_CHECK(k_all.scalar_type() == at::kFloat && k_all.is_contiguous() && v_all.is_contiguous() &&
                     k_all.dim() == 5 && k_all.size(0) >= static_cast<int64_t>(layers.size()) &&
                     k_all.size(2) == kv_heads && k_all.size(4) == head_dim && v_all.sizes() == k_all.sizes(),
                 "KV cache must be float32 [layers, 1, kv_heads, max_len, head_dim]");
     const int64_t max_len = k_all.size(3);
-    TORCH_CHECK(start >= 0 && start < max_len, "position ", start, " outside the KV cache (", max_len, ")");
-    TORCH_CHECK(cos_t.numel() == head_dim && sin_t.numel() == head_dim && cos_t.is_contiguous() &&
-                    sin_t.is_contiguous() && cos_t.scalar_type() == at::kFloat,
-                "cos/sin must be float32 rows of head_dim");
+    TORCH_CHECK(start >= 0 && start + T <= max_len, "positions ", start, "..", start + T - 1,
+                " outside the KV cache (", max_len, ")");
+    TORCH_CHECK(cos_t.numel() == T * head_dim && sin_t.numel() == T * head_dim && cos_t.is_contiguous() &&
+                    sin_t.is_contiguous() && cos_t.scalar_type() == at::kFloat && sin_t.scalar_type() == at::kFloat,
+                "cos/sin must be float32 [T, head_dim]");
     const float* cs = cos_t.data_ptr<float>();
     const float* sn = sin_t.data_ptr<float>();
     const int64_t nq = heads * head_dim, nkv = kv_heads * head_dim, group = heads / kv_heads;
+    const int64_t width = nq + 2 * nkv;
     const float e = static_cast<float>(eps);
     const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
-    auto out = torch::empty({1, 1, hidden}, x_in.options());
-    std::vector<float> h(x_in.data_ptr<float>(), x_in.data_ptr<float>() + hidden);
-    std::vector<float> t(std::max(hidden, nq)), qkv(nq + 2 * nkv), attn(nq), gu(2 * inter), y(hidden);
-    std::vector<float> scores(heads * (start + 1));
+    auto x = x_in.contiguous();
+    auto out = torch::empty({1, T, hidden}, x_in.options());
+    std::vector<float> h(x.data_ptr<float>(), x.data_ptr<float>() + T * hidden);
+    std::vector<float> t(T * std::max(hidden, nq)), qkv(T * width), attn(T * nq), gu(T * 2 * inter), y(T * hidden);
+    std::vector<float> act(T * inter);
+    const int64_t span = start + T;
+    std::vector<float> scores(heads * span);
     const int64_t layer_stride = kv_heads * max_len * head_dim;
     for (size_t li = 0; li < layers.size(); ++li) {
       const Layer& L = layers[li];
-      rms_norm(h.data(), L.ln1.data_ptr<float>(), hidden, e, t.data());
-      L.qkv(t.data(), qkv.data());
-      float* q = qkv.data();
-      float* k = q + nq;
-      const float* v = k + nkv;
-      for (int64_t i = 0; i < heads; ++i) {
-        float* qi = q + i * head_dim;
-        rms_norm(qi, L.qn.data_ptr<float>(), head_dim, e, qi);
-        rope(qi, cs, sn, head_dim);
-      }
+      for (int64_t r = 0; r < T; ++r)
+        rms_norm(h.data() + r * hidden, L.ln1.data_ptr<float>(), hidden, e, t.data() + r * hidden);
+      L.qkv(t.data(), qkv.data(), T);
       float* kc = k_all.data_ptr<float>() + li * layer_stride;
       float* vc = v_all.data_ptr<float>() + li * layer_stride;
-      for (int64_t j = 0; j < kv_heads; ++j) {
-        float* kj = k + j * head_dim;
-        rms_norm(kj, L.kn.data_ptr<float>(), head_dim, e, kj);
-        rope(kj, cs, sn, head_dim);
-        std::copy_n(kj, head_dim, kc + (j * max_len + start) * head_dim);
-        std::copy_n(v + j * head_dim, head_dim, vc + (j * max_len + start) * head_dim);
+      for (int64_t r = 0; r < T; ++r) {
+        float* q = qkv.data() + r * width;
+        float* k = q + nq;
+        const float* v = k + nkv;
+        const float* cr = cs + r * head_dim;
+        const float* sr = sn + r * head_dim;
+        for (int64_t i = 0; i < heads; ++i) {
+          float* qi = q + i * head_dim;
+          rms_norm(qi, L.qn.data_ptr<float>(), head_dim, e, qi);
+          rope(qi, cr, sr, head_dim);
+        }
+        for (int64_t j = 0; j < kv_heads; ++j) {
+          float* kj = k + j * head_dim;
+          rms_norm(kj, L.kn.data_ptr<float>(), head_dim, e, kj);
+          rope(kj, cr, sr, head_dim);
+          std::copy_n(kj, head_dim, kc + (j * max_len + start + r) * head_dim);
+          std::copy_n(v + j * head_dim, head_dim, vc + (j * max_len + start + r) * head_dim);
+        }
       }
       at::parallel_for(0, heads, 1, [&](int64_t h0, int64_t h1) {
         for (int64_t i = h0; i < h1; ++i) {
           const int64_t j = i / group;
-          const float* qi = q + i * head_dim;
           const float* kb = kc + j * max_len * head_dim;
           const float* vb = vc + j * max_len * head_dim;
-          float* sc = scores.data() + i * (start + 1);
-          float mx = -INFINITY;
-          for (int64_t p = 0; p <= start; ++p) {
-            const float* kp = kb + p * head_dim;
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t d = 0; d < head_dim; d += 8)
-              acc = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d), _mm256_loadu_ps(kp + d), acc);
-            sc[p] = hsum(acc) * scale;
-            mx = std::max(mx, sc[p]);
-          }
-          float total = 0.f;
-          for (int64_t p = 0; p <= start; ++p) {
-            sc[p] = std::exp(sc[p] - mx);
-            total += sc[p];
-          }
-          const float inv = 1.f / total;
-          float* o = attn.data() + i * head_dim;
-          std::fill_n(o, head_dim, 0.f);
-          for (int64_t p = 0; p <= start; ++p) {
-            const __m256 wp = _mm256_set1_ps(sc[p] * inv);
-            const float* vp = vb + p * head_dim;
-            for (int64_t d = 0; d < head_dim; d += 8)
-              _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + d), _mm256_loadu_ps(o + d)));
+          float* sc = scores.data() + i * span;
+          for (int64_t r = 0; r < T; ++r) {
+            const float* qi = qkv.data() + r * width + i * head_dim;
+            const int64_t last = start + r;  // causal: this row sees positions 0..last
+            float mx = -INFINITY;
+            for (int64_t p = 0; p <= last; ++p) {
+              const float* kp = kb + p * head_dim;
+              __m256 acc = _mm256_setzero_ps();
+              for (int64_t d = 0; d < head_dim; d += 8)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d), _mm256_loadu_ps(kp + d), acc);
+              sc[p] = hsum(acc) * scale;
+              mx = std::max(mx, sc[p]);
+            }
+            float total = 0.f;
+            for (int64_t p = 0; p <= last; ++p) {
+              sc[p] = std::exp(sc[p] - mx);
+              total += sc[p];
+            }
+            const float inv = 1.f / total;
+            float* o = attn.data() + r * nq + i * head_dim;
+            std::fill_n(o, head_dim, 0.f);
+            for (int64_t p = 0; p <= last; ++p) {
+              const __m256 wp = _mm256_set1_ps(sc[p] * inv);
+              const float* vp = vb + p * head_dim;
+              for (int64_t d = 0; d < head_dim; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + d), _mm256_loadu_ps(o + d)));
+            }
           }
         }
       });
-      L.o(attn.data(), y.data());
-      for (int64_t i = 0; i < hidden; ++i) h[i] += y[i];
-      rms_norm(h.data(), L.ln2.data_ptr<float>(), hidden, e, t.data());
-      L.gate_up(t.data(), gu.data());
-      for (int64_t i = 0; i < inter; ++i) {
-        const float g = gu[i];
-        gu[i] = g / (1.f + std::exp(-g)) * gu[inter + i];
+      L.o(attn.data(), y.data(), T);
+      for (int64_t i = 0; i < T * hidden; ++i) h[i] += y[i];
+      for (int64_t r = 0; r < T; ++r)
+        rms_norm(h.data() + r * hidden, L.ln2.data_ptr<float>(), hidden, e, t.data() + r * hidden);
+      L.gate_up(t.data(), gu.data(), T);
+      for (int64_t r = 0; r < T; ++r) {
+        const float* g = gu.data() + r * 2 * inter;
+        float* a = act.data() + r * inter;
+        for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.f + std::exp(-g[i])) * g[inter + i];
       }
-      L.down(gu.data(), y.data());
-      for (int64_t i = 0; i < hidden; ++i) h[i] += y[i];
+      L.down(act.data(), y.data(), T);
+      for (int64_t i = 0; i < T * hidden; ++i) h[i] += y[i];
     }
-    rms_norm(h.data(), norm.data_ptr<float>(), hidden, e, out.data_ptr<float>());
+    for (int64_t r = 0; r < T; ++r)
+      rms_norm(h.data() + r * hidden, norm.data_ptr<float>(), hidden, e, out.data_ptr<float>() + r * hidden);
     return out;
   }
 };
@@ -652,6 +818,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize", &dequantize, "packed weight -> float32 [out, in]", py::arg("fmt"), py::arg("weight"),
         py::arg("scales"), py::arg("mins"), py::arg("out_features"), py::arg("in_features"), py::arg("group"));
   m.attr("MAX_STREAM_ROWS") = kMaxRows;
+  m.attr("MAX_BLOCKED_ROWS") = kBlockedMaxRows;
   py::class_<Packed>(m, "Packed")
       .def(py::init<int64_t, torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>,
                     c10::optional<torch::Tensor>, int64_t, int64_t, int64_t>(),
