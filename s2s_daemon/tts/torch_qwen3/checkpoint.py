@@ -104,8 +104,17 @@ def safetensors_complete(path: Path) -> None:
         raise CheckpointError(f"{path} is truncated: header needs {8 + n + end} bytes, file has {path.stat().st_size}")
 
 
-def load_weights(module: nn.Module, folder: Path, device: torch.device, dtype: torch.dtype) -> None:
-    """Load the talker tensors into ``module`` (built on the meta device) with exact name and shape checks."""
+STORED_DTYPE_TENSORS = ("talker.model.text_embedding.weight",)
+"""Kept in the checkpoint's dtype whatever the model dtype: a lookup table (151936 x 2048 in the
+released models, 1.2 GB as float32) whose rows are cast when looked up, which is exact."""
+
+
+def load_weights(module: nn.Module, folder: Path, device: torch.device, dtype: torch.dtype | None) -> None:
+    """Load the talker tensors into ``module`` (built on the meta device) with exact name and shape checks.
+
+    ``dtype`` None keeps every tensor in the checkpoint's dtype (the caller packs and casts after).
+    Tensors are converted one at a time, so the peak holds one copy of the model plus one tensor.
+    """
     files = weight_files(folder)
     for path in files:
         safetensors_complete(path)
@@ -123,6 +132,19 @@ def load_weights(module: nn.Module, folder: Path, device: torch.device, dtype: t
             raise CheckpointError(
                 f"tensor {name} has shape {tuple(tensors[name].shape)}, config implies {tuple(shape)}"
             )
-    state = {name: t.to(device=device, dtype=dtype) for name, t in tensors.items()}
-    tensors.clear()
+    state = {}
+    for name in list(tensors):
+        t = tensors.pop(name)
+        keep = dtype is None or name in STORED_DTYPE_TENSORS
+        state[name] = t.to(device=device) if keep else t.to(device=device, dtype=dtype)
     module.load_state_dict(state, strict=True, assign=True)
+
+
+def cast_floating(module: nn.Module, dtype: torch.dtype) -> None:
+    """Every floating parameter and buffer of ``module`` in ``dtype``, except ``STORED_DTYPE_TENSORS``."""
+    for name, param in module.named_parameters():
+        if name not in STORED_DTYPE_TENSORS and param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+    for name, buf in module.named_buffers():
+        if name not in STORED_DTYPE_TENSORS and buf.is_floating_point() and buf.dtype != dtype:
+            buf.data = buf.data.to(dtype)

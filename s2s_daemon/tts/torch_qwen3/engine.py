@@ -41,7 +41,8 @@ from s2s_daemon.tts.engine import (
     SynthesisRequest,
     UnknownVoiceError,
 )
-from s2s_daemon.tts.torch_qwen3.checkpoint import load_weights, resolve_checkpoint
+from s2s_daemon.tts.torch_qwen3 import memory
+from s2s_daemon.tts.torch_qwen3.checkpoint import cast_floating, load_weights, resolve_checkpoint
 from s2s_daemon.tts.torch_qwen3.config import (
     GenerationSettings,
     ModelConfig,
@@ -170,6 +171,10 @@ class TorchQwen3Engine:
 
     # -- protocol -------------------------------------------------------------------------
     def load_blocking(self) -> EngineInfo:
+        with memory.loading():
+            return self._load()
+
+    def _load(self) -> EngineInfo:
         started = time.perf_counter()
         device = pick_device(self.options.device)
         threads = self._extra_int("threads")
@@ -185,7 +190,10 @@ class TorchQwen3Engine:
         tokenizer = self._load_tokenizer(folder)
         with torch.device("meta"):
             weights = Qwen3TtsWeights(cfg.talker)
-        load_weights(weights, folder, device, dtype)
+        # Packed formats read the checkpoint's own dtype (bf16 in the released models) and pack
+        # linear by linear, so a float32 copy of the whole model never exists.
+        packed_from_stored = ext is not None and weight_format in ("int8", "int4", "bfloat16")
+        load_weights(weights, folder, device, None if packed_from_stored else dtype)
         weights.eval()
         weights.requires_grad_(False)
         fuse_projections(weights)
@@ -193,6 +201,7 @@ class TorchQwen3Engine:
             from s2s_daemon.tts.torch_qwen3.native import fuse_stacks, pack_linears
 
             pack_linears(weights.talker, weight_format, ext)
+            cast_floating(weights, dtype)
             fuse_stacks(weights.talker, ext)
         elif weight_format == "int8":
             from s2s_daemon.tts.torch_qwen3.quant import quantize_linears

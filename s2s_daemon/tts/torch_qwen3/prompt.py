@@ -143,7 +143,8 @@ def build_embeddings(
 
     def text(ids: list[int] | tuple[int, ...]) -> torch.Tensor:
         t = torch.tensor([list(ids)], dtype=torch.long, device=device)
-        return talker.text_projection(talker.model.text_embedding(t))[0]  # type: ignore[no-any-return]
+        rows = talker.model.text_embedding(t).to(talker.model.codec_embedding.weight.dtype)  # stored dtype -> model's
+        return talker.text_projection(rows)[0]  # type: ignore[no-any-return]
 
     def codec(ids: list[int]) -> torch.Tensor:
         return talker.model.codec_embedding(torch.tensor(ids, dtype=torch.long, device=device))  # type: ignore[no-any-return]

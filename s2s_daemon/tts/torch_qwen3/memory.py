@@ -1,0 +1,52 @@
+"""glibc malloc settings around loading: keep a model's transient copies from staying resident.
+
+glibc serves an allocation from the heap when it is smaller than the mmap threshold, and raises
+that threshold (up to 32 MiB) every time a large mmapped block is freed. Loading frees hundreds
+of 1-25 MiB tensors (checkpoint copies, float32 weights replaced by packed ones), so after the
+first few the rest land in the heap, where freed memory stays resident: loading the 0.6B model
+with int8 weights peaked at 4.7-4.9 GiB and kept 4.6-4.9 GiB, against 2.6 and 2.3 GiB with a
+fixed 1 MiB threshold (measured, same process otherwise).
+
+``loading()`` fixes the threshold at 1 MiB while the model loads, then sets it to 32 MiB (the
+dynamic maximum, so per-step temporaries of a few MiB keep coming from the heap without page
+faults) and returns free heap pages to the system with ``malloc_trim``. Elsewhere than glibc
+it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+M_MMAP_THRESHOLD = -3
+LOAD_THRESHOLD = 1 << 20
+RUN_THRESHOLD = 32 << 20
+
+
+def _libc() -> Any:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+@contextmanager
+def loading() -> Iterator[None]:
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, LOAD_THRESHOLD)
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(M_MMAP_THRESHOLD, RUN_THRESHOLD)
+            libc.malloc_trim(0)
