@@ -171,6 +171,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         ("mqtt: {port: 99999}\n", "mqtt.port"),
         ("mqtt: {prot: 1883}\n", "mqtt.prot"),
         ("tts: {engine: espeak}\n", "tts.engine"),
+        ("tts: {torch: {kernels: fast}}\n", "tts.torch.kernels"),
+        ("tts: {torch: {quantization: int3}}\n", "tts.torch.quantization"),
         ("audio: {sink: wav}\n", "audio"),
         ("queue: {max_pending: zero}\n", "queue.max_pending"),
         ("vad: {frame_ms: 25}\n", "vad.frame_ms"),
