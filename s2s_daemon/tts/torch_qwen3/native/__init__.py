@@ -5,15 +5,16 @@ its speed is the speed at which weights stream from memory. ``linear.cpp`` reads
 bfloat16, int8 (per output channel) or 4-bit (affine, per group of ``group`` inputs) weights once
 per call and accumulates in float32 with AVX2/FMA, on torch's own thread pool.
 
-The extension is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and ninja) into
-``TORCH_EXTENSIONS_DIR`` or ``~/.cache/s2s-daemon/torch_extensions`` the first time it is needed
-(~30 s) and loaded from there afterwards. On a CPU without AVX2/FMA, without a compiler, or if
-the build fails, ``load()`` returns ``None`` with the reason in ``unavailable_reason()`` and the
-engine keeps torch's own kernels.
+The extension is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and ninja) into a
+folder per source digest under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/s2s-daemon/torch_extensions``
+the first time it is needed (~1 min on 2 cores) and loaded from there afterwards. On a CPU
+without AVX2/FMA, without a compiler, or if the build fails, ``load()`` returns ``None`` with the
+reason in ``unavailable_reason()`` and the engine keeps torch's own kernels.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import shutil
@@ -96,7 +97,10 @@ def load() -> Any:
         if reason is None:
             from torch.utils.cpp_extension import load as build
 
-            folder = build_dir() / f"torch{torch.__version__.split('+')[0]}"
+            # One folder per source and torch version: two checkouts or versions of the daemon never
+            # rebuild over each other's extension (torch rebuilds when a folder's sources change).
+            digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+            folder = build_dir() / f"torch{torch.__version__.split('+')[0]}-{digest}"
             folder.mkdir(parents=True, exist_ok=True)
             try:
                 module = build(

@@ -3,8 +3,7 @@
 // Decoding a codec frame is ~400 matrix-vector products over ~1.6 billion weights: the time is
 // the time it takes to stream the weights from memory. torch's CPU BLAS streams float32 weights
 // at 10-15 GB/s on one row here (the machine reads at ~22 GB/s) and has no 4-bit kernel that is
-// not compute bound on AVX2. These kernels read each weight once per call for up to kMaxRows
-// input rows, widen it to float32 in registers and accumulate in float32:
+// not compute bound on AVX2. Weight formats:
 //
 //   f32   float32 [N, K]
 //   bf16  bfloat16 [N, K]                      (bits << 16 is the float32)
@@ -12,8 +11,14 @@
 //   i4    uint8 [N, K/2], float32 scale/min [N, K/G]   w = scale * q + min, q in 0..15;
 //         each 32-weight block is 16 bytes: low nibbles weights 0..15, high nibbles 16..31
 //
-// More rows than kMaxRows (a prompt's prefill) widen a block of weight rows into an L2-sized
-// float32 buffer and hand it to at::mm, so the weights are still read once per call.
+// Three paths by the number of input rows M:
+//   M <= kMaxRows (decoding): each weight is read once; float formats are widened in registers,
+//     i8/i4 multiply in integers against the input quantized to int8 per block of 32 (GGML's
+//     Q8_0 scheme), with float32 accumulation;
+//   M <= kBlockedMaxRows (a prompt): a register-blocked product, weights widened in registers
+//     and reused for 6 input rows, float32 input;
+//   larger M: blocks of weight rows widened into a 4 MiB buffer for at::mm.
+// Stack runs one to kMaxRows positions through a whole Qwen3 decoder with these products.
 // Threads: at::parallel_for, i.e. torch's own intra-op pool (no second pool spinning beside it).
 
 #include <torch/extension.h>
