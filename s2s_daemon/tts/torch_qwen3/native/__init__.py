@@ -125,6 +125,15 @@ def unavailable_reason() -> str | None:
     return _state.get("reason")
 
 
+def _interleave_pairs(t: torch.Tensor, unit: int) -> torch.Tensor:
+    """Rows of ``t`` [N, C] in pairs, ``unit`` columns at a time: row 2p's first unit, row 2p + 1's,
+    row 2p's second, ... (an odd last row stays as it is); flat, as ``linear.cpp``'s ``pair_offset``."""
+    n, c = t.shape
+    even = n - n % 2
+    pairs = t[:even].reshape(even // 2, 2, c // unit, unit).transpose(1, 2).reshape(-1)
+    return torch.cat([pairs, t[even:].reshape(-1)]).contiguous()
+
+
 def _pack(weight: torch.Tensor, fmt: str, group: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """A float ``[out, in]`` weight in ``fmt``: (data, scales, mins) as ``linear.cpp`` reads them."""
     w = weight.detach().to(torch.float32).contiguous()
@@ -135,7 +144,7 @@ def _pack(weight: torch.Tensor, fmt: str, group: int) -> tuple[torch.Tensor, tor
     if fmt == "int8":
         scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
         q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        return q.contiguous(), scale.contiguous(), None
+        return _interleave_pairs(q, 32), scale.contiguous(), None
     out_f, in_f = w.shape
     g = w.reshape(out_f, in_f // group, group)
     lo = g.amin(dim=2)
@@ -145,7 +154,7 @@ def _pack(weight: torch.Tensor, fmt: str, group: int) -> tuple[torch.Tensor, tor
     # Each 32-weight block as 16 bytes: weight j in the low nibble, weight j + 16 in the high one.
     blocks = q.reshape(out_f, in_f // 32, 2, 16)
     packed = (blocks[:, :, 0, :] | (blocks[:, :, 1, :] << 4)).reshape(out_f, in_f // 2)
-    return packed.contiguous(), scale.contiguous(), lo.contiguous()
+    return _interleave_pairs(packed, 16), _interleave_pairs(scale, 1), _interleave_pairs(lo, 1)
 
 
 class PackedLinear(nn.Module):

@@ -7,9 +7,15 @@
 //
 //   f32   float32 [N, K]
 //   bf16  bfloat16 [N, K]                      (bits << 16 is the float32)
-//   i8    int8 [N, K], float32 scale [N]       w = scale[n] * q
-//   i4    uint8 [N, K/2], float32 scale/min [N, K/G]   w = scale * q + min, q in 0..15;
+//   i8    int8 [N * K], float32 scale [N]       w = scale[n] * q
+//   i4    uint8 [N * K/2], float32 scale/min [N * K/G]   w = scale * q + min, q in 0..15;
 //         each 32-weight block is 16 bytes: low nibbles weights 0..15, high nibbles 16..31
+//
+// The integer formats store output rows in pairs, interleaved block by block (pair_offset): block
+// b of row 2p, block b of row 2p + 1, block b + 1 of row 2p, ... (an odd last row stands alone);
+// i4's scales and mins likewise per group. A pair of rows is then one sequential stream: with two
+// rows 1-2 KiB apart, the unpacking kept too few loads in flight and one core read int8 at 8-9 GB/s
+// against 13-15 for one stream (two threads: 13-15 against 19-23 GB/s).
 //
 // Three paths by the number of input rows M:
 //   M <= kMaxRows (decoding): each weight is read once; float formats are widened in registers,
@@ -38,10 +44,10 @@ constexpr int kBF16 = 1;
 constexpr int kI8 = 2;
 constexpr int kI4 = 3;
 constexpr int64_t kMaxRows = 4;
-// Software prefetch distance of the integer kernels. Their unpacking keeps too few loads in flight
-// for the hardware prefetcher alone: 4 KiB ahead took int8 from 9 to 13 GB/s and int4 from 9 to
-// 12-14 on 0.6B shapes (0, 1 and 16 KiB were slower); the float kernels got slower with it.
-constexpr int64_t kPrefetchBytes = 4096;
+// Software prefetch distance of the integer kernels, ahead in the pair's stream. Their unpacking
+// keeps too few loads in flight for the hardware prefetcher alone (no prefetch: 6 GB/s on one core;
+// 2 KiB ahead: 13-15); 1-4 KiB measured alike within the noise; the float kernels got slower with it.
+constexpr int64_t kPrefetchBytes = 2048;
 
 inline float hsum(__m256 v) {
   __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -120,45 +126,48 @@ inline __m256 block_dot(__m256i u8, __m256i s8) {
   const __m256i ones = _mm256_set1_epi16(1);
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), ones));
 }
+// Offset, in units of `unit` elements, of block b of row n in the pair-interleaved layout of an
+// [N, blocks * unit] matrix (see the header).
+inline int64_t pair_offset(int64_t n, int64_t N, int64_t blocks, int64_t b, int64_t unit) {
+  const int64_t r = (n | 1) < N ? 2 : 1;
+  return ((n & ~int64_t{1}) * blocks + b * r + (n & 1)) * unit;
+}
 
-// int8 rows: y = scale[n] * sum_b xs[b] * sum_{k in b} q[n, k] xq[k].
-template <int M>
-void i8q_rows(const int8_t* w, const float* scale, const int8_t* xq, const float* xs, float* y, int64_t K,
-              int64_t N, int64_t n0, int64_t n1, const float* bias) {
-  constexpr int A = M == 1 ? 4 : (M == 2 ? 2 : 1);
+// int8, R (2, or 1 for an odd last row) interleaved rows from row n against M input rows:
+// y = scale[n] * sum_b xs[b] * sum_{k in b} q[n, k] xq[k]. `p` is the pair's first byte.
+template <int M, int R>
+inline void i8q_group(const int8_t* p, const float* scale, const int8_t* xq, const float* xs, float* y, int64_t K,
+                      int64_t N, int64_t n, const float* bias) {
+  constexpr int A = M == 1 ? 2 : 1;  // independent accumulation chains per (row, input)
   const int64_t blocks = K / 32;
-  for (int64_t n = n0; n < n1; ++n) {
-    const int8_t* row = w + n * K;
-    __m256 acc[M][A];
+  __m256 acc[R][M][A];
+  for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m)
-      for (int a = 0; a < A; ++a) acc[m][a] = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + A <= blocks; b += A) {
-      for (int a = 0; a < A; ++a) {
-        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + (b + a) * 32));
-        const __m256i aw = _mm256_sign_epi8(wv, wv);
-        for (int m = 0; m < M; ++m) {
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + (b + a) * 32));
-          acc[m][a] = _mm256_fmadd_ps(block_dot(aw, _mm256_sign_epi8(xv, wv)),
-                                      _mm256_broadcast_ss(xs + m * blocks + b + a), acc[m][a]);
-        }
-      }
-    }
-    for (; b < blocks; ++b) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32));
+      for (int a = 0; a < A; ++a) acc[r][m][a] = _mm256_setzero_ps();
+  auto step = [&](int64_t b, int a) {
+    __m256i xv[M];
+    for (int m = 0; m < M; ++m) xv[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + b * 32));
+    for (int r = 0; r < R; ++r) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + (b * R + r) * 32));
       const __m256i aw = _mm256_sign_epi8(wv, wv);
-      for (int m = 0; m < M; ++m) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + b * 32));
-        acc[m][0] = _mm256_fmadd_ps(block_dot(aw, _mm256_sign_epi8(xv, wv)), _mm256_broadcast_ss(xs + m * blocks + b),
-                                    acc[m][0]);
-      }
+      for (int m = 0; m < M; ++m)
+        acc[r][m][a] = _mm256_fmadd_ps(block_dot(aw, _mm256_sign_epi8(xv[m], wv)),
+                                       _mm256_broadcast_ss(xs + m * blocks + b), acc[r][m][a]);
     }
-    for (int m = 0; m < M; ++m) {
-      __m256 s = acc[m][0];
-      for (int a = 1; a < A; ++a) s = _mm256_add_ps(s, acc[m][a]);
-      y[m * N + n] = hsum(s) * scale[n] + (bias ? bias[n] : 0.f);
-    }
+  };
+  int64_t b = 0;
+  for (; b + A <= blocks; b += A) {
+    for (int64_t off = 0; off < A * R * 32; off += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(p + b * R * 32 + off + kPrefetchBytes), _MM_HINT_T0);
+    for (int a = 0; a < A; ++a) step(b + a, a);
   }
+  for (; b < blocks; ++b) step(b, 0);
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) {
+      __m256 s = acc[r][m][0];
+      for (int a = 1; a < A; ++a) s = _mm256_add_ps(s, acc[r][m][a]);
+      y[m * N + n + r] = hsum(s) * scale[n + r] + (bias ? bias[n + r] : 0.f);
+    }
 }
 
 // 32 4-bit weights (16 bytes, low nibbles first) as 32 unsigned bytes in order.
@@ -168,43 +177,59 @@ inline __m256i nibbles(const uint8_t* p) {
   return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
 }
 
-// 4-bit rows: y = sum_g scale[g] * sum_{b in g} xs[b] * sum_k q xq  +  sum_g min[g] * sum_{k in g} x.
-template <int M>
-void i4q_rows(const uint8_t* w, const float* scales, const float* mins, const int8_t* xq, const float* xs,
-              const float* xsum, float* y, int64_t K, int64_t N, int64_t G, int64_t n0, int64_t n1,
-              const float* bias) {
+// 4-bit, R interleaved rows from row n: y = sum_g scale[g] * sum_{b in g} xs[b] * sum_k q xq
+// + sum_g min[g] * sum_{k in g} x. `p`, `sc`, `mn`: the pair's first byte, scale and min.
+template <int M, int R>
+inline void i4q_group(const uint8_t* p, const float* sc, const float* mn, const int8_t* xq, const float* xs,
+                      const float* xsum, float* y, int64_t K, int64_t N, int64_t G, int64_t n, const float* bias) {
   const int64_t groups = K / G;
   const int64_t blocks = K / 32;
   const int64_t per_group = G / 32;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = w + n * (K / 2);
-    const float* sc = scales + n * groups;
-    const float* mn = mins + n * groups;
-    __m256 out[M];
-    float off[M];
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  __m256 out[R][M];
+  float off[R][M];
+  for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) {
-      out[m] = _mm256_setzero_ps();
-      off[m] = 0.f;
+      out[r][m] = _mm256_setzero_ps();
+      off[r][m] = 0.f;
     }
-    for (int64_t g = 0; g < groups; ++g) {
-      __m256 acc[M];
-      for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
-      for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
-        const __m256i q = nibbles(row + b * 16);
-        for (int m = 0; m < M; ++m) {
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + b * 32));
-          acc[m] = _mm256_fmadd_ps(block_dot(q, xv), _mm256_broadcast_ss(xs + m * blocks + b), acc[m]);
-        }
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 acc[R][M];
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
+    for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
+      const uint8_t* blk = p + b * R * 16;
+      if (((b * R * 16) & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
+      __m256i q[R];
+      if constexpr (R == 2) {
+        // Both rows' blocks in one load: lane 0 row 2p, lane 1 row 2p + 1.
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
+        const __m256i lo = _mm256_and_si256(raw, mask);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+        q[0] = _mm256_permute2x128_si256(lo, hi, 0x20);
+        q[R - 1] = _mm256_permute2x128_si256(lo, hi, 0x31);
+      } else {
+        q[0] = nibbles(blk);
       }
-      const __m256 s = _mm256_broadcast_ss(sc + g);
       for (int m = 0; m < M; ++m) {
-        out[m] = _mm256_fmadd_ps(s, acc[m], out[m]);
-        off[m] += mn[g] * xsum[m * groups + g];
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + b * 32));
+        const __m256 sb = _mm256_broadcast_ss(xs + m * blocks + b);
+        for (int r = 0; r < R; ++r) acc[r][m] = _mm256_fmadd_ps(block_dot(q[r], xv), sb, acc[r][m]);
       }
     }
-    for (int m = 0; m < M; ++m) y[m * N + n] = hsum(out[m]) + off[m] + (bias ? bias[n] : 0.f);
+    for (int r = 0; r < R; ++r) {
+      const __m256 s = _mm256_broadcast_ss(sc + g * R + r);
+      const float mv = mn[g * R + r];
+      for (int m = 0; m < M; ++m) {
+        out[r][m] = _mm256_fmadd_ps(s, acc[r][m], out[r][m]);
+        off[r][m] += mv * xsum[m * groups + g];
+      }
+    }
   }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) y[m * N + n + r] = hsum(out[r][m]) + off[r][m] + (bias ? bias[n + r] : 0.f);
 }
+
 
 // Each row of x [M, K] as int8 per block of 32 (round to nearest, scale = max |x| / 127).
 void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, float* xs) {
@@ -224,8 +249,9 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, float* xs) 
 }
 
 // Rows [n0, n1) of the weight as float32 into dst ([n1 - n0, K], row-major).
-void widen_rows(int fmt, const torch::Tensor& w, const float* scales, const float* mins, int64_t K, int64_t G,
-                int64_t n0, int64_t n1, float* dst) {
+void widen_rows(int fmt, const torch::Tensor& w, const float* scales, const float* mins, int64_t N, int64_t K,
+                int64_t G, int64_t n0, int64_t n1, float* dst) {
+  const int64_t blocks = K / 32;
   for (int64_t n = n0; n < n1; ++n) {
     float* d = dst + (n - n0) * K;
     if (fmt == kF32) {
@@ -234,112 +260,29 @@ void widen_rows(int fmt, const torch::Tensor& w, const float* scales, const floa
       const uint16_t* r = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()) + n * K;
       for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(d + k, LoadBF16::at(r + k));
     } else if (fmt == kI8) {
-      const int8_t* r = w.data_ptr<int8_t>() + n * K;
+      const int8_t* base = w.data_ptr<int8_t>();
       const __m256 s = _mm256_set1_ps(scales[n]);
-      for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(d + k, _mm256_mul_ps(s, LoadI8::at(r + k)));
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int8_t* blk = base + pair_offset(n, N, blocks, b, 32);
+        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(d + b * 32 + 8 * j, _mm256_mul_ps(s, LoadI8::at(blk + 8 * j)));
+      }
     } else {
-      const uint8_t* r = w.data_ptr<uint8_t>() + n * (K / 2);
+      const uint8_t* base = w.data_ptr<uint8_t>();
       const int64_t groups = K / G;
-      for (int64_t k = 0; k < K; k += 32) {
-        const int64_t g = k / G;
-        const __m256 s = _mm256_set1_ps(scales[n * groups + g]);
-        const __m256 mn = _mm256_set1_ps(mins[n * groups + g]);
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t g = b * 32 / G;
+        const int64_t gi = pair_offset(n, N, groups, g, 1);
+        const __m256 s = _mm256_set1_ps(scales[gi]);
+        const __m256 mn = _mm256_set1_ps(mins[gi]);
         __m256 wv[4];
-        unpack_i4(r + k / 2, wv);
-        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(d + k + 8 * j, _mm256_fmadd_ps(s, wv[j], mn));
+        unpack_i4(base + pair_offset(n, N, blocks, b, 16), wv);
+        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(d + b * 32 + 8 * j, _mm256_fmadd_ps(s, wv[j], mn));
       }
     }
   }
 }
 
-// One input row, two output rows at a time: the input block and its scale are loaded once for
-// both, and the two dependency chains keep the vector units busy (the one-row loops above leave
-// them waiting on FMA latency).
-void i8q_pairs(const int8_t* w, const float* scale, const int8_t* xq, const float* xs, float* y, int64_t K,
-               int64_t n0, int64_t n1, const float* bias) {
-  const int64_t blocks = K / 32;
-  int64_t n = n0;
-  for (; n + 2 <= n1; n += 2) {
-    const int8_t* r0 = w + n * K;
-    const int8_t* r1 = r0 + K;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= blocks; b += 2) {
-      _mm_prefetch(reinterpret_cast<const char*>(r0 + b * 32 + kPrefetchBytes), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(r1 + b * 32 + kPrefetchBytes), _MM_HINT_T0);
-      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
-      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32 + 32));
-      const __m256 s0 = _mm256_broadcast_ss(xs + b), s1 = _mm256_broadcast_ss(xs + b + 1);
-      const __m256i w00 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + b * 32));
-      const __m256i w01 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + b * 32 + 32));
-      const __m256i w10 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + b * 32));
-      const __m256i w11 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + b * 32 + 32));
-      a0 = _mm256_fmadd_ps(block_dot(_mm256_sign_epi8(w00, w00), _mm256_sign_epi8(x0, w00)), s0, a0);
-      b0 = _mm256_fmadd_ps(block_dot(_mm256_sign_epi8(w10, w10), _mm256_sign_epi8(x0, w10)), s0, b0);
-      a1 = _mm256_fmadd_ps(block_dot(_mm256_sign_epi8(w01, w01), _mm256_sign_epi8(x1, w01)), s1, a1);
-      b1 = _mm256_fmadd_ps(block_dot(_mm256_sign_epi8(w11, w11), _mm256_sign_epi8(x1, w11)), s1, b1);
-    }
-    for (; b < blocks; ++b) {
-      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
-      const __m256 s0 = _mm256_broadcast_ss(xs + b);
-      const __m256i w00 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + b * 32));
-      const __m256i w10 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + b * 32));
-      a0 = _mm256_fmadd_ps(block_dot(_mm256_sign_epi8(w00, w00), _mm256_sign_epi8(x0, w00)), s0, a0);
-      b0 = _mm256_fmadd_ps(block_dot(_mm256_sign_epi8(w10, w10), _mm256_sign_epi8(x0, w10)), s0, b0);
-    }
-    y[n] = hsum(_mm256_add_ps(a0, a1)) * scale[n] + (bias ? bias[n] : 0.f);
-    y[n + 1] = hsum(_mm256_add_ps(b0, b1)) * scale[n + 1] + (bias ? bias[n + 1] : 0.f);
-  }
-  if (n < n1) i8q_rows<1>(w, scale, xq, xs, y, K, 0, n, n1, bias);
-}
-
-template <int PG>
-void i4q_pairs_pg(const uint8_t* w, const float* scales, const float* mins, const int8_t* xq, const float* xs,
-                  const float* xsum, float* y, int64_t K, int64_t n0, int64_t n1, const float* bias) {
-  constexpr int64_t G = 32 * PG;
-  const int64_t groups = K / G;
-  int64_t n = n0;
-  for (; n + 2 <= n1; n += 2) {
-    const uint8_t* r0 = w + n * (K / 2);
-    const uint8_t* r1 = r0 + K / 2;
-    const float* sc0 = scales + n * groups;
-    const float* sc1 = sc0 + groups;
-    const float* mn0 = mins + n * groups;
-    const float* mn1 = mn0 + groups;
-    __m256 o0 = _mm256_setzero_ps(), o1 = _mm256_setzero_ps();
-    float f0 = 0.f, f1 = 0.f;
-    for (int64_t g = 0; g < groups; ++g) {
-      _mm_prefetch(reinterpret_cast<const char*>(r0 + g * G / 2 + kPrefetchBytes), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(r1 + g * G / 2 + kPrefetchBytes), _MM_HINT_T0);
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-      for (int j = 0; j < PG; ++j) {
-        const int64_t b = g * PG + j;
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
-        const __m256 sb = _mm256_broadcast_ss(xs + b);
-        a0 = _mm256_fmadd_ps(block_dot(nibbles(r0 + b * 16), xv), sb, a0);
-        a1 = _mm256_fmadd_ps(block_dot(nibbles(r1 + b * 16), xv), sb, a1);
-      }
-      o0 = _mm256_fmadd_ps(_mm256_broadcast_ss(sc0 + g), a0, o0);
-      o1 = _mm256_fmadd_ps(_mm256_broadcast_ss(sc1 + g), a1, o1);
-      f0 += mn0[g] * xsum[g];
-      f1 += mn1[g] * xsum[g];
-    }
-    y[n] = hsum(o0) + f0 + (bias ? bias[n] : 0.f);
-    y[n + 1] = hsum(o1) + f1 + (bias ? bias[n + 1] : 0.f);
-  }
-  if (n < n1) i4q_rows<1>(w, scales, mins, xq, xs, xsum, y, K, 0, G, n, n1, bias);
-}
-
-void i4q_pairs(const uint8_t* w, const float* scales, const float* mins, const int8_t* xq, const float* xs,
-               const float* xsum, float* y, int64_t K, int64_t G, int64_t n0, int64_t n1, const float* bias) {
-  switch (G) {
-    case 32: i4q_pairs_pg<1>(w, scales, mins, xq, xs, xsum, y, K, n0, n1, bias); break;
-    case 64: i4q_pairs_pg<2>(w, scales, mins, xq, xs, xsum, y, K, n0, n1, bias); break;
-    case 128: i4q_pairs_pg<4>(w, scales, mins, xq, xs, xsum, y, K, n0, n1, bias); break;
-    default: i4q_rows<1>(w, scales, mins, xq, xs, xsum, y, K, 0, G, n0, n1, bias);
-  }
-}
-
+// Rows [n0, n1) (n0 even; n1 even or N) against M <= kMaxRows input rows.
 template <int M>
 void stream_rows(int fmt, const torch::Tensor& w, const float* scales, const float* mins, const float* x,
                  const int8_t* xq, const float* xs, const float* xsum, float* y, int64_t K, int64_t N, int64_t G,
@@ -353,16 +296,24 @@ void stream_rows(int fmt, const torch::Tensor& w, const float* scales, const flo
                               nullptr, bias);
       break;
     case kI8:
-      if (M == 1)
-        i8q_pairs(w.data_ptr<int8_t>(), scales, xq, xs, y, K, n0, n1, bias);
-      else
-        i8q_rows<M>(w.data_ptr<int8_t>(), scales, xq, xs, y, K, N, n0, n1, bias);
+      for (int64_t n = n0; n < n1; n += 2) {
+        const int8_t* p = w.data_ptr<int8_t>() + n * K;
+        if (n + 1 < N)
+          i8q_group<M, 2>(p, scales, xq, xs, y, K, N, n, bias);
+        else
+          i8q_group<M, 1>(p, scales, xq, xs, y, K, N, n, bias);
+      }
       break;
-    default:
-      if (M == 1)
-        i4q_pairs(w.data_ptr<uint8_t>(), scales, mins, xq, xs, xsum, y, K, G, n0, n1, bias);
-      else
-        i4q_rows<M>(w.data_ptr<uint8_t>(), scales, mins, xq, xs, xsum, y, K, N, G, n0, n1, bias);
+    default: {
+      const int64_t groups = K / G;
+      for (int64_t n = n0; n < n1; n += 2) {
+        const uint8_t* p = w.data_ptr<uint8_t>() + n * (K / 2);
+        if (n + 1 < N)
+          i4q_group<M, 2>(p, scales + n * groups, mins + n * groups, xq, xs, xsum, y, K, N, G, n, bias);
+        else
+          i4q_group<M, 1>(p, scales + n * groups, mins + n * groups, xq, xs, xsum, y, K, N, G, n, bias);
+      }
+    }
   }
 }
 
@@ -395,31 +346,41 @@ void check_weight(int fmt, const torch::Tensor& w, const c10::optional<torch::Te
 // 47-67 GFLOP/s for 30 rows of a 6144x1024 weight here, against ~140 for 64 rows.
 constexpr int64_t kBlockedMaxRows = 64;
 
-// Eight weights of row `n` at column k as float32 (i8: unscaled; the row scale is applied at the end).
+// row(n): where row n's weights lie; at(row, k): eight of them from column k as float32 (i8:
+// unscaled; the row scale is applied at the end).
 struct WF32 {
   const float* w;
   int64_t K;
-  __m256 at(int64_t n, int64_t k) const { return _mm256_loadu_ps(w + n * K + k); }
+  const float* row(int64_t n) const { return w + n * K; }
+  static __m256 at(const float* r, int64_t k) { return _mm256_loadu_ps(r + k); }
   float post(int64_t) const { return 1.f; }
 };
 struct WBF16 {
   const uint16_t* w;
   int64_t K;
-  __m256 at(int64_t n, int64_t k) const { return LoadBF16::at(w + n * K + k); }
+  const uint16_t* row(int64_t n) const { return w + n * K; }
+  static __m256 at(const uint16_t* r, int64_t k) { return LoadBF16::at(r + k); }
   float post(int64_t) const { return 1.f; }
 };
 struct WI8 {
   const int8_t* w;
   const float* scale;
-  int64_t K;
-  __m256 at(int64_t n, int64_t k) const { return LoadI8::at(w + n * K + k); }
+  int64_t K, N;
+  struct Row {
+    const int8_t* p;  // block 0 of the row
+    int64_t stride;   // bytes from one of its blocks to the next (32 or 64: pairs interleave)
+  };
+  Row row(int64_t n) const {
+    return {w + pair_offset(n, N, K / 32, 0, 32), ((n | 1) < N ? 2 : 1) * int64_t{32}};
+  }
+  static __m256 at(const Row& r, int64_t k) { return LoadI8::at(r.p + (k >> 5) * r.stride + (k & 31)); }
   float post(int64_t n) const { return scale[n]; }
 };
 struct WI4 {
   const uint8_t* w;
   const float* scales;
   const float* mins;
-  int64_t K, G;
+  int64_t K, G, N;
 };
 
 template <class W, int NR, int MR>
@@ -428,9 +389,11 @@ inline void blocked_tile(const W& wt, const float* x, float* y, int64_t K, int64
   __m256 acc[NR][MR];
   for (int a = 0; a < NR; ++a)
     for (int b = 0; b < MR; ++b) acc[a][b] = _mm256_setzero_ps();
+  decltype(wt.row(0)) rows[NR];
+  for (int a = 0; a < NR; ++a) rows[a] = wt.row(n + a);
   for (int64_t k = 0; k < K; k += 8) {
     __m256 wv[NR];
-    for (int a = 0; a < NR; ++a) wv[a] = wt.at(n + a, k);
+    for (int a = 0; a < NR; ++a) wv[a] = W::at(rows[a], k);
     for (int b = 0; b < MR; ++b) {
       const __m256 xv = _mm256_loadu_ps(x + (m + b) * K + k);
       for (int a = 0; a < NR; ++a) acc[a][b] = _mm256_fmadd_ps(wv[a], xv, acc[a][b]);
@@ -478,17 +441,18 @@ template <int MR>
 inline void i4_tile(const WI4& wt, const float* x, float* y, int64_t K, int64_t N, int64_t n, int64_t m,
                     const float* bias) {
   const __m128i mask = _mm_set1_epi8(0x0F);
-  const uint8_t* row = wt.w + n * (K / 2);
-  const float* sc = wt.scales + n * (K / wt.G);
-  const float* mn = wt.mins + n * (K / wt.G);
+  const int64_t r = (n | 1) < N ? 2 : 1;  // rows interleaved with this one
+  const uint8_t* row = wt.w + pair_offset(n, N, K / 32, 0, 16);
+  const int64_t gi0 = pair_offset(n, N, K / wt.G, 0, 1);
   __m256 acc[MR];
   for (int b = 0; b < MR; ++b) acc[b] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += 32) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (k >> 5) * r * 16));
     const __m128i lo = _mm_and_si128(raw, mask);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-    const __m256 s = _mm256_broadcast_ss(sc + k / wt.G);
-    const __m256 mv = _mm256_broadcast_ss(mn + k / wt.G);
+    const int64_t gi = gi0 + (k / wt.G) * r;
+    const __m256 s = _mm256_broadcast_ss(wt.scales + gi);
+    const __m256 mv = _mm256_broadcast_ss(wt.mins + gi);
     for (int j = 0; j < 4; ++j) {
       const __m128i src = j == 0 ? lo : j == 1 ? _mm_srli_si128(lo, 8) : j == 2 ? hi : _mm_srli_si128(hi, 8);
       const __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(src)), s, mv);
@@ -524,8 +488,8 @@ void blocked_linear(int f, const torch::Tensor& w, const float* sp, const float*
     case kBF16:
       blocked(WBF16{reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), K}, xp, yp, M, K, N, bp);
       break;
-    case kI8: blocked(WI8{w.data_ptr<int8_t>(), sp, K}, xp, yp, M, K, N, bp); break;
-    default: i4_blocked(WI4{w.data_ptr<uint8_t>(), sp, mp, K, group}, xp, yp, M, K, N, bp);
+    case kI8: blocked(WI8{w.data_ptr<int8_t>(), sp, K, N}, xp, yp, M, K, N, bp); break;
+    default: i4_blocked(WI4{w.data_ptr<uint8_t>(), sp, mp, K, group, N}, xp, yp, M, K, N, bp);
   }
 }
 
@@ -560,7 +524,9 @@ void stream(int f, const torch::Tensor& w, const float* sp, const float* mp, con
   const float* xsp = f == kI4 ? xsum.data() : nullptr;
   const int8_t* xqp = f >= kI8 ? xq.data() : nullptr;
   const float* xscp = f >= kI8 ? xs.data() : nullptr;
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+  // Threads take whole pairs of rows (the integer formats interleave them).
+  at::parallel_for(0, (N + 1) / 2, 8, [&](int64_t p0, int64_t p1) {
+    const int64_t n0 = 2 * p0, n1 = std::min(N, 2 * p1);
     switch (M) {
       case 1: stream_rows<1>(f, w, sp, mp, xp, xqp, xscp, xsp, yp, K, N, group, n0, n1, bp); break;
       case 2: stream_rows<2>(f, w, sp, mp, xp, xqp, xscp, xsp, yp, K, N, group, n0, n1, bp); break;
@@ -607,7 +573,7 @@ torch::Tensor linear(const torch::Tensor& x_in, int64_t fmt, const torch::Tensor
       const int64_t nb = std::min(block, N - b0);
       float* bufp = buf.data_ptr<float>();
       at::parallel_for(0, nb, 8, [&](int64_t r0, int64_t r1) {
-        widen_rows(f, w, sp, mp, K, group, b0 + r0, b0 + r1, bufp + r0 * K);
+        widen_rows(f, w, sp, mp, N, K, group, b0 + r0, b0 + r1, bufp + r0 * K);
       });
       auto dst = out_t.narrow(0, b0, nb);
       at::mm_out(dst, buf.narrow(0, 0, nb), xt);
@@ -629,7 +595,7 @@ torch::Tensor dequantize(int64_t fmt, const torch::Tensor& w, const c10::optiona
   check_weight(static_cast<int>(fmt), w, scales, mins, out_features, in_features, group);
   auto out = torch::empty({out_features, in_features}, torch::kFloat);
   widen_rows(static_cast<int>(fmt), w, scales ? scales->data_ptr<float>() : nullptr,
-             mins ? mins->data_ptr<float>() : nullptr, in_features, group, 0, out_features, out.data_ptr<float>());
+             mins ? mins->data_ptr<float>() : nullptr, out_features, in_features, group, 0, out_features, out.data_ptr<float>());
   return out;
 }
 
