@@ -158,6 +158,33 @@ GEMM_MAX_COLUMNS = 64
 """Causal convs with at most this many output columns run as one GEMM (see ``CausalConv1d._conv``)."""
 
 
+def _few_row_gemm(ext: Any, rows: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+    """``rows @ weight.T (+ bias)`` through the native float32 kernels, or None where they do not apply.
+
+    ``rows`` [M, K], ``weight`` [N, K] row-major. torch's CPU BLAS reads a large weight at 3-4 GB/s
+    when the other side has only a few columns (it packs the whole matrix first): the 1536 -> 768,
+    k=16 transposed conv (75 MB) took 20-24 ms per streamed chunk that way; the native kernels
+    stream it (up to 4 rows, ~18 GB/s) or run a register-blocked product (up to 64 rows):
+    4-6 ms for 1-5 rows, 10 ms for 17.
+    """
+    m, k = rows.shape
+    if (
+        ext is None
+        or m > int(ext.MAX_BLOCKED_ROWS)
+        or k % 32
+        or rows.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or rows.device.type != "cpu"
+        or not weight.is_contiguous()
+    ):
+        return None
+    b = bias if bias is not None and bias.dtype == torch.float32 and bias.is_contiguous() else None
+    out: Tensor = ext.linear(rows.contiguous(), 0, weight, None, None, weight.shape[0], 0, b)
+    if bias is not None and b is None:
+        out = out + bias
+    return out
+
+
 class CausalConv1d(nn.Module):
     """Conv1d padded on the left by ``(k - 1) * d`` (stride 1); streams with a column buffer."""
 
@@ -166,6 +193,8 @@ class CausalConv1d(nn.Module):
         self.conv = nn.Conv1d(in_ch, out_ch, kernel, dilation=dilation, groups=groups)
         self.context = (kernel - 1) * dilation
         """Past input columns the layer needs."""
+        self.ext: Any = None
+        """The native CPU kernels (``CodecDecoder.use_native``) for the few-column GEMM, or None."""
 
     def _conv(self, padded: Tensor) -> Tensor:
         """``self.conv(padded)``; a few output columns go through one GEMM instead.
@@ -182,8 +211,14 @@ class CausalConv1d(nn.Module):
             return out
         d = conv.dilation[0]
         batch, cin = padded.shape[0], padded.shape[1]
-        columns = torch.stack([padded[..., j * d : j * d + t] for j in range(kernel)], dim=2)
         weight = conv.weight.reshape(conv.out_channels, cin * kernel)
+        if self.ext is not None and batch == 1:
+            # Rows [t, cin * kernel] (index c * kernel + j, as the weight's), one per output column.
+            rows = torch.stack([padded[0, :, j * d : j * d + t] for j in range(kernel)], dim=-1)
+            out_rows = _few_row_gemm(self.ext, rows.permute(1, 0, 2).reshape(t, cin * kernel), weight, conv.bias)
+            if out_rows is not None:
+                return out_rows.t().unsqueeze(0)
+        columns = torch.stack([padded[..., j * d : j * d + t] for j in range(kernel)], dim=2)
         out = torch.matmul(weight, columns.reshape(batch, cin * kernel, t))
         if conv.bias is not None:
             out = out + conv.bias[None, :, None]
@@ -214,6 +249,8 @@ class CausalConvTranspose1d(nn.Module):
         self.weight_t: Tensor | None = None
         """The weight as a row-major ``[out * kernel, in]`` matrix (``relayout``); the conv's own
         weight is then a view of it, so no memory is added."""
+        self.ext: Any = None
+        """The native CPU kernels (``CodecDecoder.use_native``) for the GEMM, or None."""
         self.stride = stride
         self.trim = kernel - stride
         self.context = kernel // stride - 1
@@ -242,7 +279,12 @@ class CausalConvTranspose1d(nn.Module):
         m = kernel // s
         columns = x.transpose(1, 2).reshape(batch * t, cin)
         wt = self.weight_t
-        if wt is not None and wt.dtype == x.dtype and wt.device == x.device:
+        native = None
+        if wt is not None and self.ext is not None:
+            native = _few_row_gemm(self.ext, columns, wt, None)
+        if native is not None:
+            z = native.view(batch, t, cout, m, s)
+        elif wt is not None and wt.dtype == x.dtype and wt.device == x.device:
             # [out * kernel, in] row-major: W @ x^T is 1.5-3x faster than x @ W for a few rows.
             z = torch.mm(wt, columns.t()).t().reshape(batch, t, cout, m, s)
         else:
@@ -284,8 +326,19 @@ class SnakeBeta(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
+        self.native: tuple[Any, Tensor, Tensor] | None = None
+        """(native kernels, e^alpha, 1 / (e^beta + 1e-9)) once ``use_native`` ran: one fused pass."""
+
+    def use_native(self, ext: Any) -> None:
+        """Compute through the native kernels' fused SnakeBeta (float32 on the CPU)."""
+        alpha = torch.exp(self.alpha.detach().float()).contiguous()
+        inv_beta = (1.0 / (torch.exp(self.beta.detach().float()) + 1e-9)).contiguous()
+        self.native = (ext, alpha, inv_beta)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.native is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+            ext, a, ib = self.native
+            return ext.snake(x, a, ib)  # type: ignore[no-any-return]
         alpha = torch.exp(self.alpha)[None, :, None]
         inv_beta = 1.0 / (torch.exp(self.beta)[None, :, None] + 1e-9)
         return x + inv_beta * torch.sin(x * alpha).pow(2)
@@ -600,6 +653,19 @@ class CodecDecoder(nn.Module):
         model.requires_grad_(False)
         log.info("codec_decoder_loaded", folder=str(folder), device=str(device), dtype=str(dtype))
         return model
+
+    def use_native(self, ext: Any) -> int:
+        """Run the few-column GEMMs of the convs and the SnakeBeta activations through the native
+        float32 kernels; returns how many layers take them (call after loading, on the CPU in float32)."""
+        count = 0
+        for module in self.modules():
+            if isinstance(module, (CausalConv1d, CausalConvTranspose1d)):
+                module.ext = ext
+                count += 1
+            elif isinstance(module, SnakeBeta):
+                module.use_native(ext)
+                count += 1
+        return count
 
     # ---------------------------------------------------------------- running
 

@@ -313,6 +313,7 @@ class TorchQwen3Engine:
             from s2s_daemon.tts.torch_qwen3.native import pack_linears
 
             pack_linears(codec, "float32", ext)
+            codec.use_native(ext)
         small_batch_linears(codec)
         return codec
 
