@@ -23,6 +23,7 @@ from s2s_daemon.tts.torch_qwen3.codec import (  # noqa: E402  (after the importo
     CodecDecoder,
     CodecDecoderConfig,
 )
+from tests.support.codec import random_decoder  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -61,25 +62,7 @@ dilated residual units), 48 samples per frame; a window of 6 frames so short inp
 
 
 def _small_decoder(dtype: Any, seed: int = 0) -> CodecDecoder:
-    gen = torch.Generator().manual_seed(seed)
-    dec = CodecDecoder(SMALL)
-    with torch.no_grad():
-        for name, p in dec.named_parameters():
-            if name.endswith("cluster_usage"):
-                p.copy_(torch.rand(p.shape, generator=gen) * 3 + 1)
-            elif name.endswith(("alpha", "beta")):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-            elif name.endswith(("gamma", "scale")):
-                p.copy_(0.1 + 0.05 * torch.randn(p.shape, generator=gen))
-            elif "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif p.dim() == 1:
-                p.copy_(0.02 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p[0].numel()))
-        final = dec.decoder[-1].conv
-        final.weight.mul_(0.05)
-    return dec.to(dtype).eval().requires_grad_(False)
+    return random_decoder(SMALL, dtype, seed)
 
 
 def _codes(frames: int, size: int, seed: int = 1) -> Any:
