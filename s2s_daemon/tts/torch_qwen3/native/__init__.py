@@ -33,7 +33,7 @@ FORMATS = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}
 """Weight formats of ``PackedLinear`` and their codes in ``linear.cpp``."""
 
 INT4_GROUP = 64
-"""Inputs per 4-bit group (a float32 scale and min each): 4.5 bits a weight, as MLX's 4bit."""
+"""Inputs per 4-bit group (a float32 scale and min each): 5 bits a weight (MLX's 4bit, with float16 scales: 4.5)."""
 
 _SOURCE = Path(__file__).with_name("linear.cpp")
 _lock = threading.Lock()
