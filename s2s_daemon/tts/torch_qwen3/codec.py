@@ -67,7 +67,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import Tensor, nn
 
-from s2s_daemon.tts.torch_qwen3.layers import apply_rope
+from s2s_daemon.tts.torch_qwen3.layers import apply_rope, no_weight_init
 
 log = structlog.get_logger(__name__)
 
@@ -505,8 +505,9 @@ class DecoderTransformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # Computed on the CPU even under a meta-device context (an op on meta imports torch._dynamo).
+        steps = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device="cpu")
+        self.register_buffer("inv_freq", 1.0 / (cfg.rope_theta ** (steps / cfg.head_dim)), persistent=False)
 
     def forward(self, x: Tensor, state: _StateDict | None = None) -> Tensor:
         """``x``: [batch, frames, latent]; positions continue from the frames already streamed."""
@@ -635,21 +636,17 @@ class CodecDecoder(nn.Module):
         raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         cfg = CodecDecoderConfig.from_dict(raw.get("decoder_config") or {})
         sample_rate = int(raw.get("output_sample_rate", 24000))
-        with torch.device("meta"):
+        with no_weight_init(), torch.device("meta"):
             model = cls(cfg, sample_rate)
         state = _read_prefixed(folder / "model.safetensors", "decoder.")
         model.load_state_dict(state, strict=True, assign=True)
-        model.pre_transformer.register_buffer(
-            "inv_freq",
-            1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)),
-            persistent=False,
-        )
+        inv_freq = model.pre_transformer.inv_freq  # float32; .to(dtype) below would round it
         model = model.to(device=device, dtype=dtype).eval()
         if model._device().type == "cpu":
             for module in model.modules():
                 if isinstance(module, CausalConvTranspose1d):
                     module.relayout()
-        model.pre_transformer.inv_freq = model.pre_transformer.inv_freq.float()
+        model.pre_transformer.inv_freq = inv_freq.to(device)
         model.requires_grad_(False)
         log.info("codec_decoder_loaded", folder=str(folder), device=str(device), dtype=str(dtype))
         return model

@@ -49,7 +49,7 @@ from s2s_daemon.tts.torch_qwen3.config import (
     load_generation_settings,
     load_model_config,
 )
-from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout, small_batch_linears
+from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout, no_weight_init, small_batch_linears
 from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings, PromptTokens, build_embeddings, codec_prefix, tokenize
 from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, TalkerRuntime
 from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights
@@ -188,7 +188,7 @@ class TorchQwen3Engine:
         cfg = load_model_config(folder)
         gen = load_generation_settings(folder)
         tokenizer = self._load_tokenizer(folder)
-        with torch.device("meta"):
+        with no_weight_init(), torch.device("meta"):
             weights = Qwen3TtsWeights(cfg.talker)
         # Packed formats read the checkpoint's own dtype (bf16 in the released models) and pack
         # linear by linear, so a float32 copy of the whole model never exists.

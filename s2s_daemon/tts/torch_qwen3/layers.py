@@ -6,6 +6,8 @@ Attention writes into a caller-owned static KV cache; nothing here grows a tenso
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -17,16 +19,42 @@ from s2s_daemon.tts.torch_qwen3.config import DecoderConfig
 
 def fused_linear(parts: list[nn.Linear]) -> nn.Linear:
     """One ``nn.Linear`` whose output is the concatenation of ``parts``' outputs (same input)."""
-    first = parts[0].weight
     out_features = sum(p.out_features for p in parts)
     has_bias = parts[0].bias is not None
-    fused = nn.Linear(parts[0].in_features, out_features, bias=has_bias, device=first.device, dtype=first.dtype)
-    with torch.no_grad():
-        fused.weight.copy_(torch.cat([p.weight for p in parts], dim=0))
-        if has_bias:
-            fused.bias.copy_(torch.cat([p.bias for p in parts if p.bias is not None], dim=0))
-    fused.requires_grad_(False)
+    with no_weight_init(), torch.device("meta"):  # the weights are assigned below: no random init
+        fused = nn.Linear(parts[0].in_features, out_features, bias=has_bias)
+    fused.weight = nn.Parameter(torch.cat([p.weight.detach() for p in parts], dim=0), requires_grad=False)
+    if has_bias:
+        fused.bias = nn.Parameter(
+            torch.cat([p.bias.detach() for p in parts if p.bias is not None], dim=0), requires_grad=False
+        )
     return fused
+
+
+_INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "kaiming_uniform_",
+                   "kaiming_normal_", "xavier_uniform_", "xavier_normal_")  # fmt: skip
+
+
+@contextmanager
+def no_weight_init() -> Iterator[None]:
+    """Build modules without their random initialisation (their weights are loaded afterwards).
+
+    ``torch.nn.init``'s functions become no-ops meanwhile. Even on the meta device they are not
+    free: the first ``normal_`` there imports ``torch._dynamo`` (3 s on the CI box), and a real
+    ``kaiming_uniform_`` over a fused 6144 x 1024 weight costs more than copying the weights in.
+    """
+    saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS}
+
+    def keep(tensor: torch.Tensor, *_args: Any, **_kwargs: Any) -> torch.Tensor:
+        return tensor
+
+    try:
+        for name in _INIT_FUNCTIONS:
+            setattr(nn.init, name, keep)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
 
 
 def fuse_projections(root: nn.Module) -> None:
