@@ -184,10 +184,9 @@ def test_real_sizes_use_the_released_ids() -> None:
 @pytest.mark.timeout(300)
 def test_mlx_audio_loads_the_tiny_checkpoint_and_generates() -> None:
     pytest.importorskip("mlx_audio")
+    import mlx.core as mx
     import numpy as np
     from mlx_audio.tts.utils import load_model
-
-    import mlx.core as mx
 
     model = load_model(FIXTURES / "custom_voice")
     assert model.speech_tokenizer is not None

@@ -65,6 +65,23 @@ def test_packing_error_is_within_half_a_step(ext: Any, fmt: str) -> None:
     assert packed.weight_bytes < w.numel() * 4 or fmt == "float32"
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("shape", [(48, 256), (33, 128), (1, 64)])  # odd rows: a lone last row
+def test_extension_packs_as_the_reference(ext: Any, fmt: str, shape: tuple[int, int]) -> None:
+    """``ext.pack`` (one pass, at load time) writes exactly what the torch-op reference writes:
+    codes, scales and mins bit for bit, ties to even and a constant row (zero range) included."""
+    w = torch.randn(shape, generator=torch.Generator().manual_seed(shape[0])) * 0.05
+    w[0, :32] = 0.25  # a constant block and group
+    w[-1, 3] = 0.0
+    for group in (32, 64) if fmt == "int4" else (0,):
+        got = native._pack(w, fmt, group, ext)
+        want = native._pack_reference(w, fmt, group)
+        for g, r in zip(got, want, strict=True):
+            assert (g is None) == (r is None)
+            if g is not None:
+                assert g.dtype == r.dtype and torch.equal(g, r)
+
+
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 33, 70])  # streamed, blocked (<= 64), widened for at::mm
 @pytest.mark.parametrize("shape", [(64, 96), (320, 512), (33, 128)])  # odd out_features: a lone last row

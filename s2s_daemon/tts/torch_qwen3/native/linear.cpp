@@ -781,6 +781,77 @@ struct Stack {
 };
 
 // ------------------------------------------------------------------------------------------
+// Packing a float32 weight [N, K] into the integer formats at load time, in one pass over it
+// (the same arithmetic as native/__init__.py's _pack_reference, which the tests compare with):
+//   int8: scale = max(amax|row| / 127, 1e-12), q = clamp(round(w / scale), -127, 127);
+//   int4: per group of G, scale = max((max - min) / 15, 1e-12), q = clamp(round((w - min) / scale), 0, 15);
+// rounding half to even, as torch.round; rows written pair-interleaved (pair_offset).
+std::vector<torch::Tensor> pack(int64_t fmt, const torch::Tensor& w_in, int64_t group) {
+  TORCH_CHECK(fmt == kI8 || fmt == kI4, "pack makes the integer formats (", kI8, ", ", kI4, ")");
+  TORCH_CHECK(w_in.device().is_cpu() && w_in.scalar_type() == at::kFloat && w_in.dim() == 2,
+              "weight must be float32 [out_features, in_features] on the CPU");
+  auto w = w_in.contiguous();
+  const int64_t N = w.size(0), K = w.size(1), blocks = K / 32;
+  TORCH_CHECK(K % 32 == 0, "in_features must be a multiple of 32, got ", K);
+  const float* src = w.data_ptr<float>();
+  if (fmt == kI8) {
+    auto q = torch::empty({N * K}, torch::kChar);
+    auto scale = torch::empty({N}, torch::kFloat);
+    int8_t* qp = q.data_ptr<int8_t>();
+    float* sp = scale.data_ptr<float>();
+    at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* row = src + n * K;
+        float amax = 0.f;
+        for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::abs(row[k]));
+        const float s = std::max(amax / 127.f, 1e-12f);
+        sp[n] = s;
+        for (int64_t b = 0; b < blocks; ++b) {
+          int8_t* dst = qp + pair_offset(n, N, blocks, b, 32);
+          for (int i = 0; i < 32; ++i)
+            dst[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(row[b * 32 + i] / s))));
+        }
+      }
+    });
+    return {q, scale};
+  }
+  TORCH_CHECK(group >= 32 && group % 32 == 0 && K % group == 0, "group size must be a multiple of 32 dividing ",
+              K);
+  const int64_t groups = K / group;
+  auto q = torch::empty({N * K / 2}, torch::kByte);
+  auto scales = torch::empty({N * groups}, torch::kFloat);
+  auto mins = torch::empty({N * groups}, torch::kFloat);
+  uint8_t* qp = q.data_ptr<uint8_t>();
+  float* sp = scales.data_ptr<float>();
+  float* mp = mins.data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    std::vector<uint8_t> codes(group);
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* v = src + n * K + g * group;
+        float lo = v[0], hi = v[0];
+        for (int64_t i = 1; i < group; ++i) {
+          lo = std::min(lo, v[i]);
+          hi = std::max(hi, v[i]);
+        }
+        const float s = std::max((hi - lo) / 15.f, 1e-12f);
+        const int64_t gi = pair_offset(n, N, groups, g, 1);
+        sp[gi] = s;
+        mp[gi] = lo;
+        for (int64_t i = 0; i < group; ++i)
+          codes[i] = static_cast<uint8_t>(std::min(15.f, std::max(0.f, std::nearbyint((v[i] - lo) / s))));
+        for (int64_t j = 0; j < group / 32; ++j) {
+          uint8_t* dst = qp + pair_offset(n, N, blocks, g * (group / 32) + j, 16);
+          const uint8_t* c = codes.data() + j * 32;
+          for (int i = 0; i < 16; ++i) dst[i] = static_cast<uint8_t>(c[i] | (c[i + 16] << 4));
+        }
+      }
+    }
+  });
+  return {q, scales, mins};
+}
+
+// ------------------------------------------------------------------------------------------
 // SnakeBeta, the codec decoder's activation: y = x + inv_beta[c] * sin(x * alpha[c])^2 over
 // x [B, C, T], in one pass (torch needs five, each through memory). sin^2 has period pi, so the
 // argument is reduced by the nearest multiple of pi (two FMA steps with pi split in two floats)
@@ -842,6 +913,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("scales"), py::arg("mins"), py::arg("out_features"), py::arg("group"), py::arg("bias"));
   m.def("dequantize", &dequantize, "packed weight -> float32 [out, in]", py::arg("fmt"), py::arg("weight"),
         py::arg("scales"), py::arg("mins"), py::arg("out_features"), py::arg("in_features"), py::arg("group"));
+  m.def("pack", &pack, "float32 weight [N, K] -> int8 (data, scales) or int4 (data, scales, mins)", py::arg("fmt"),
+        py::arg("weight"), py::arg("group"));
   m.def("snake", &snake, "SnakeBeta: x + inv_beta * sin(x * alpha)^2 per channel of x [B, C, T]", py::arg("x"),
         py::arg("alpha"), py::arg("inv_beta"));
   m.attr("MAX_STREAM_ROWS") = kMaxRows;
