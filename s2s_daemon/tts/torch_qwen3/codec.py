@@ -158,8 +158,21 @@ GEMM_MAX_COLUMNS = 64
 """Causal convs with at most this many output columns run as one GEMM (see ``CausalConv1d._conv``)."""
 
 
-def _few_row_gemm(ext: Any, rows: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
-    """``rows @ weight.T (+ bias)`` through the native float32 kernels, or None where they do not apply.
+def _takes_native_gemm(weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether the native float32 kernels can multiply by ``weight`` [N, K] (checked once, at
+    ``CodecDecoder.use_native``): float32 and contiguous on the CPU, K a multiple of 32."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and weight.is_contiguous()
+        and weight.shape[1] % 32 == 0
+        and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+    )
+
+
+def _few_row_gemm(ext: Any, rows: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``rows @ weight.T (+ bias)`` through the native float32 kernels, for at most
+    ``ext.MAX_BLOCKED_ROWS`` rows and a weight that passed ``_takes_native_gemm``.
 
     ``rows`` [M, K], ``weight`` [N, K] row-major. torch's CPU BLAS reads a large weight at 3-4 GB/s
     when the other side has only a few columns (it packs the whole matrix first): the 1536 -> 768,
@@ -167,21 +180,7 @@ def _few_row_gemm(ext: Any, rows: Tensor, weight: Tensor, bias: Tensor | None) -
     stream it (up to 4 rows, ~18 GB/s) or run a register-blocked product (up to 64 rows):
     4-6 ms for 1-5 rows, 10 ms for 17.
     """
-    m, k = rows.shape
-    if (
-        ext is None
-        or m > int(ext.MAX_BLOCKED_ROWS)
-        or k % 32
-        or rows.dtype != torch.float32
-        or weight.dtype != torch.float32
-        or rows.device.type != "cpu"
-        or not weight.is_contiguous()
-    ):
-        return None
-    b = bias if bias is not None and bias.dtype == torch.float32 and bias.is_contiguous() else None
-    out: Tensor = ext.linear(rows.contiguous(), 0, weight, None, None, weight.shape[0], 0, b)
-    if bias is not None and b is None:
-        out = out + bias
+    out: Tensor = ext.linear(rows.contiguous(), 0, weight, None, None, weight.shape[0], 0, bias)
     return out
 
 
@@ -194,7 +193,8 @@ class CausalConv1d(nn.Module):
         self.context = (kernel - 1) * dilation
         """Past input columns the layer needs."""
         self.ext: Any = None
-        """The native CPU kernels (``CodecDecoder.use_native``) for the few-column GEMM, or None."""
+        """The native CPU kernels for the few-column GEMM, where ``CodecDecoder.use_native`` found the
+        weight fit for them; else None."""
 
     def _conv(self, padded: Tensor) -> Tensor:
         """``self.conv(padded)``; a few output columns go through one GEMM instead.
@@ -212,12 +212,11 @@ class CausalConv1d(nn.Module):
         d = conv.dilation[0]
         batch, cin = padded.shape[0], padded.shape[1]
         weight = conv.weight.reshape(conv.out_channels, cin * kernel)
-        if self.ext is not None and batch == 1:
+        if self.ext is not None and batch == 1 and t <= self.ext.MAX_BLOCKED_ROWS:
             # Rows [t, cin * kernel] (index c * kernel + j, as the weight's), one per output column.
             rows = torch.stack([padded[0, :, j * d : j * d + t] for j in range(kernel)], dim=-1)
             out_rows = _few_row_gemm(self.ext, rows.permute(1, 0, 2).reshape(t, cin * kernel), weight, conv.bias)
-            if out_rows is not None:
-                return out_rows.t().unsqueeze(0)
+            return out_rows.t().unsqueeze(0)
         columns = torch.stack([padded[..., j * d : j * d + t] for j in range(kernel)], dim=2)
         out = torch.matmul(weight, columns.reshape(batch, cin * kernel, t))
         if conv.bias is not None:
@@ -250,7 +249,8 @@ class CausalConvTranspose1d(nn.Module):
         """The weight as a row-major ``[out * kernel, in]`` matrix (``relayout``); the conv's own
         weight is then a view of it, so no memory is added."""
         self.ext: Any = None
-        """The native CPU kernels (``CodecDecoder.use_native``) for the GEMM, or None."""
+        """The native CPU kernels for the GEMM, where ``CodecDecoder.use_native`` found ``weight_t``
+        fit for them; else None."""
         self.stride = stride
         self.trim = kernel - stride
         self.context = kernel // stride - 1
@@ -279,11 +279,8 @@ class CausalConvTranspose1d(nn.Module):
         m = kernel // s
         columns = x.transpose(1, 2).reshape(batch * t, cin)
         wt = self.weight_t
-        native = None
-        if wt is not None and self.ext is not None:
-            native = _few_row_gemm(self.ext, columns, wt, None)
-        if native is not None:
-            z = native.view(batch, t, cout, m, s)
+        if self.ext is not None and wt is not None and columns.shape[0] <= self.ext.MAX_BLOCKED_ROWS:
+            z = _few_row_gemm(self.ext, columns, wt, None).view(batch, t, cout, m, s)
         elif wt is not None and wt.dtype == x.dtype and wt.device == x.device:
             # [out * kernel, in] row-major: W @ x^T is 1.5-3x faster than x @ W for a few rows.
             z = torch.mm(wt, columns.t()).t().reshape(batch, t, cout, m, s)
@@ -656,9 +653,16 @@ class CodecDecoder(nn.Module):
         float32 kernels; returns how many layers take them (call after loading, on the CPU in float32)."""
         count = 0
         for module in self.modules():
-            if isinstance(module, (CausalConv1d, CausalConvTranspose1d)):
-                module.ext = ext
-                count += 1
+            if isinstance(module, CausalConv1d):
+                conv = module.conv
+                weight = conv.weight.reshape(conv.out_channels, -1)
+                if conv.groups == 1 and conv.kernel_size[0] > 1 and _takes_native_gemm(weight, conv.bias):
+                    module.ext = ext
+                    count += 1
+            elif isinstance(module, CausalConvTranspose1d):
+                if module.weight_t is not None and _takes_native_gemm(module.weight_t, None):
+                    module.ext = ext
+                    count += 1
             elif isinstance(module, SnakeBeta):
                 module.use_native(ext)
                 count += 1

@@ -128,9 +128,10 @@ inline __m256 block_dot(__m256i u8, __m256i s8) {
 }
 // Offset, in units of `unit` elements, of block b of row n in the pair-interleaved layout of an
 // [N, blocks * unit] matrix (see the header).
+// Rows interleaved in row n's pair: 2, or 1 for an odd last row.
+inline int64_t pair_rows(int64_t n, int64_t N) { return (n | 1) < N ? 2 : 1; }
 inline int64_t pair_offset(int64_t n, int64_t N, int64_t blocks, int64_t b, int64_t unit) {
-  const int64_t r = (n | 1) < N ? 2 : 1;
-  return ((n & ~int64_t{1}) * blocks + b * r + (n & 1)) * unit;
+  return ((n & ~int64_t{1}) * blocks + b * pair_rows(n, N) + (n & 1)) * unit;
 }
 
 // int8, R (2, or 1 for an odd last row) interleaved rows from row n against M input rows:
@@ -230,7 +231,6 @@ inline void i4q_group(const uint8_t* p, const float* sc, const float* mn, const 
     for (int m = 0; m < M; ++m) y[m * N + n + r] = hsum(out[r][m]) + off[r][m] + (bias ? bias[n + r] : 0.f);
 }
 
-
 // Each row of x [M, K] as int8 per block of 32 (round to nearest, scale = max |x| / 127).
 void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, float* xs) {
   const int64_t blocks = K / 32;
@@ -298,7 +298,7 @@ void stream_rows(int fmt, const torch::Tensor& w, const float* scales, const flo
     case kI8:
       for (int64_t n = n0; n < n1; n += 2) {
         const int8_t* p = w.data_ptr<int8_t>() + n * K;
-        if (n + 1 < N)
+        if (pair_rows(n, N) == 2)
           i8q_group<M, 2>(p, scales, xq, xs, y, K, N, n, bias);
         else
           i8q_group<M, 1>(p, scales, xq, xs, y, K, N, n, bias);
@@ -308,7 +308,7 @@ void stream_rows(int fmt, const torch::Tensor& w, const float* scales, const flo
       const int64_t groups = K / G;
       for (int64_t n = n0; n < n1; n += 2) {
         const uint8_t* p = w.data_ptr<uint8_t>() + n * (K / 2);
-        if (n + 1 < N)
+        if (pair_rows(n, N) == 2)
           i4q_group<M, 2>(p, scales + n * groups, mins + n * groups, xq, xs, xsum, y, K, N, G, n, bias);
         else
           i4q_group<M, 1>(p, scales + n * groups, mins + n * groups, xq, xs, xsum, y, K, N, G, n, bias);
@@ -371,7 +371,7 @@ struct WI8 {
     int64_t stride;   // bytes from one of its blocks to the next (32 or 64: pairs interleave)
   };
   Row row(int64_t n) const {
-    return {w + pair_offset(n, N, K / 32, 0, 32), ((n | 1) < N ? 2 : 1) * int64_t{32}};
+    return {w + pair_offset(n, N, K / 32, 0, 32), pair_rows(n, N) * 32};
   }
   static __m256 at(const Row& r, int64_t k) { return LoadI8::at(r.p + (k >> 5) * r.stride + (k & 31)); }
   float post(int64_t n) const { return scale[n]; }
@@ -441,7 +441,7 @@ template <int MR>
 inline void i4_tile(const WI4& wt, const float* x, float* y, int64_t K, int64_t N, int64_t n, int64_t m,
                     const float* bias) {
   const __m128i mask = _mm_set1_epi8(0x0F);
-  const int64_t r = (n | 1) < N ? 2 : 1;  // rows interleaved with this one
+  const int64_t r = pair_rows(n, N);
   const uint8_t* row = wt.w + pair_offset(n, N, K / 32, 0, 16);
   const int64_t gi0 = pair_offset(n, N, K / wt.G, 0, 1);
   __m256 acc[MR];
@@ -595,7 +595,8 @@ torch::Tensor dequantize(int64_t fmt, const torch::Tensor& w, const c10::optiona
   check_weight(static_cast<int>(fmt), w, scales, mins, out_features, in_features, group);
   auto out = torch::empty({out_features, in_features}, torch::kFloat);
   widen_rows(static_cast<int>(fmt), w, scales ? scales->data_ptr<float>() : nullptr,
-             mins ? mins->data_ptr<float>() : nullptr, out_features, in_features, group, 0, out_features, out.data_ptr<float>());
+             mins ? mins->data_ptr<float>() : nullptr, out_features, in_features, group, 0, out_features,
+             out.data_ptr<float>());
   return out;
 }
 
