@@ -3,10 +3,20 @@
 amqtt speaks MQTT 3.1.1 only: the link falls back to 3.1.1 and v5 features (response
 topic, correlation data, session expiry) are unavailable. Production uses an external
 broker.
+
+amqtt 0.12 sends every connecting client the retained messages of *every* subscription
+held in the broker, not only its own (a publisher that never subscribed receives
+``status``/``info``/``state``, and a second subscriber to ``s2s/#`` gets them twice). Worse,
+a client such as ``mosquitto_pub -m`` sends PUBLISH and DISCONNECT and closes at once;
+writing those unsolicited messages to its closed socket draws a TCP reset, and the reset
+discards the PUBLISH still unread in the broker's receive buffer: the request is lost
+without a trace. ``_LoopbackBroker`` sends retained messages only for a subscription the
+client has just made, as MQTT 3.1.1 says ([MQTT-3.3.1-6]).
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from typing import Any
 
@@ -16,6 +26,36 @@ from s2s_daemon.errors import UnavailableError
 
 log = structlog.get_logger(__name__)
 
+_subscribing: contextvars.ContextVar[object | None] = contextvars.ContextVar("s2s_subscribing", default=None)
+"""The session whose SUBSCRIBE is being handled in this connection's task, if any."""
+
+
+_HOOKS = ("_handle_subscription", "_publish_retained_messages_for_subscription")
+"""amqtt's internals that ``_LoopbackBroker`` overrides (pyproject pins the releases that have them)."""
+
+
+def _broker_class() -> type[Any]:
+    from amqtt.broker import Broker
+
+    missing = [name for name in _HOOKS if not hasattr(Broker, name)]
+    if missing:
+        log.warning("embedded_broker_unpatched", missing=missing, effect="retained messages go to every client")
+
+    class _LoopbackBroker(Broker):  # type: ignore[misc]
+        async def _handle_subscription(self, client_session: Any, handler: Any, subscribe_waiter: Any) -> None:
+            token = _subscribing.set(client_session)
+            try:
+                await super()._handle_subscription(client_session, handler, subscribe_waiter)
+            finally:
+                _subscribing.reset(token)
+
+        async def _publish_retained_messages_for_subscription(self, subscription: Any, session: Any) -> None:
+            # Called on SUBSCRIBE (send) and, for every filter in the broker, on each CONNECT (skip).
+            if _subscribing.get() is session:
+                await super()._publish_retained_messages_for_subscription(subscription, session)
+
+    return _LoopbackBroker
+
 
 class EmbeddedBroker:
     def __init__(self, port: int) -> None:
@@ -24,7 +64,7 @@ class EmbeddedBroker:
 
     async def start(self) -> None:
         try:
-            from amqtt.broker import Broker
+            broker_class = _broker_class()
         except ImportError as exc:
             raise UnavailableError(f"mqtt.broker 'embedded' needs the amqtt package: {exc}") from exc
         # amqtt logs every packet at INFO; keep it to warnings.
@@ -33,7 +73,7 @@ class EmbeddedBroker:
             "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{self.port}"}},
             "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
         }
-        broker = Broker(config)
+        broker = broker_class(config)
         try:
             await broker.start()
         except Exception as exc:  # amqtt wraps bind failures in its own BrokerError

@@ -1,0 +1,144 @@
+"""The README's Quick start, as a newcomer types it: ``configs/default.yaml`` (embedded broker),
+the tiny checkpoint, and mosquitto's own command-line clients (QoS 0, connect-publish-disconnect).
+
+Only the port (a free one instead of 1883), the model (the tiny fixture instead of the hub) and
+the sink (discard) differ from the README's commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.broker import free_port, wait_port
+from tests.support.daemon import REPO
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
+
+TINY = REPO / "tests" / "fixtures" / "qwen3_tiny" / "custom_voice"
+
+
+class Sub:
+    """``mosquitto_sub -V mqttv311 -v -t TOPIC``, its lines collected as (topic, payload)."""
+
+    def __init__(self, port: int, topic: str) -> None:
+        self.proc = subprocess.Popen(
+            ["mosquitto_sub", "-V", "mqttv311", "-p", str(port), "-v", "-t", topic],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[tuple[str, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            topic, _, payload = line.rstrip("\n").partition(" ")
+            self.lines.append((topic, payload))
+
+    def on(self, suffix: str) -> list[str]:
+        return [payload for topic, payload in list(self.lines) if topic.endswith(suffix)]
+
+    def wait(self, predicate: object, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():  # type: ignore[operator]
+                return True
+            time.sleep(0.05)
+        return bool(predicate())  # type: ignore[operator]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(5)
+        self._reader.join(5)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def quick_start_daemon(tmp_path: Path) -> Iterator[int]:
+    if shutil.which("mosquitto_pub") is None:
+        pytest.fail("mosquitto-clients is not installed (scripts/test installs it)")
+    port = free_port()
+    env = {
+        **os.environ,
+        "S2S_MQTT__PORT": str(port),
+        "S2S_TTS__MODEL": str(TINY),
+        "S2S_AUDIO__SINK": "discard",
+        "S2S_LOG__FORMAT": "json",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log_path = tmp_path / "daemon.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "s2s_daemon", "run", "-c", "configs/default.yaml"],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_port(port, 60)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        assert code == 0, log_path.read_text(errors="replace")
+
+
+def mosquitto_pub(port: int, *args: str) -> None:
+    subprocess.run(["mosquitto_pub", "-V", "mqttv311", "-p", str(port), *args], check=True, timeout=10)
+
+
+def test_quick_start_qos0_publish_is_spoken_with_a_subscriber_watching(quick_start_daemon: int) -> None:
+    port = quick_start_daemon
+    watch = Sub(port, "s2s/#")  # the README's `mosquitto_sub -v -t 's2s/#' &`
+    try:
+        assert watch.wait(lambda: "online" in watch.on("/status"), 30)
+        for i in range(5):
+            mosquitto_pub(port, "-t", "s2s/default/tts/say", "-m", f"Hello from the kitchen, number {i}.")
+        assert watch.wait(lambda: len(watch.on("/tts/finished")) == 5, 60), watch.lines
+        finished = [json.loads(p) for p in watch.on("/tts/finished")]
+        assert {f["status"] for f in finished} == {"completed"}
+        assert all(f["audioMs"] > 0 for f in finished)
+        # each say arrived at the broker once and was seen by the watcher too
+        assert len(watch.on("/tts/say")) == 5
+    finally:
+        watch.stop()
+
+
+def test_retained_messages_go_only_to_subscribers_and_once(quick_start_daemon: int) -> None:
+    port = quick_start_daemon
+    first = Sub(port, "s2s/#")
+    try:
+        assert first.wait(lambda: first.on("/status") and first.on("/info") and first.on("/state"), 30)
+        second = Sub(port, "s2s/#")  # another subscriber to the same filter joins later
+        # a client that never subscribes (it only listens to a topic nobody publishes)
+        bystander = Sub(port, "elsewhere/nothing")
+        try:
+            assert second.wait(lambda: second.on("/status") and second.on("/info") and second.on("/state"), 10)
+            time.sleep(1.0)  # anything sent twice would have arrived by now
+            for suffix in ("/status", "/info", "/state"):
+                assert len(second.on(suffix)) == 1, (suffix, second.lines)
+                assert len(first.on(suffix)) == 1, (suffix, first.lines)
+            assert bystander.lines == []
+        finally:
+            second.stop()
+            bystander.stop()
+    finally:
+        first.stop()
