@@ -13,15 +13,16 @@ from s2s_daemon.app import load_engine
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink, WavSink
 from s2s_daemon.config import DaemonConfig
-from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, UnavailableError
+from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError, UnavailableError
 from s2s_daemon.events.publisher import latency_payload
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
 from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import Status, Utterance
 from s2s_daemon.pipeline.queue import RequestQueue
-from s2s_daemon.tts.engine import SynthesisRequest
+from s2s_daemon.tts.engine import EngineError, EngineInfo, SynthesisRequest
 from s2s_daemon.tts.stage import TtsStage
+from s2s_daemon.tts.text import match_voice
 
 log = structlog.get_logger(__name__)
 
@@ -48,10 +49,35 @@ class LogEvents:
         return None
 
 
+def default_voice(config: DaemonConfig, cli_voice: str | None, info: EngineInfo) -> str | None:
+    """The voice to speak in: ``--voice`` wins; then a ``tts.voice`` the user configured; then the
+    model's first speaker when the built-in default ``tts.voice`` is not one of this model's."""
+    if cli_voice is None and not info.voices:
+        return None  # a Base or VoiceDesign model: no preset speakers
+    wanted: str | None
+    if cli_voice is not None:
+        key, wanted = "--voice", cli_voice
+    elif "voice" in config.tts.model_fields_set:
+        key, wanted = "tts.voice", config.tts.voice
+    else:
+        wanted = config.tts.voice
+        if wanted is None or wanted.lower() in {v.lower() for v in info.voices}:
+            return match_voice(wanted, info.voices, None)
+        log.info("voice_default", configured=wanted, model_voices=len(info.voices), voice=info.voices[0])
+        return info.voices[0]
+    try:
+        return match_voice(wanted, info.voices, None)
+    except EngineError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
+
+
 async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
-    worker, info = await load_engine(config)
+    # The voice is checked against the model here, after loading, where --voice is known.
+    unchecked = config.model_copy(update={"tts": config.tts.model_copy(update={"voice": None})})
+    worker, info = await load_engine(unchecked)
     sink: AudioSink
     try:
+        voice = default_voice(config, args.voice, info)
         if args.out is not None:
             out: Path = args.out
             sink = WavSink(out.parent if str(out.parent) else Path("."), out.name)
@@ -71,10 +97,10 @@ async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
             max_text_chars=config.tts.max_text_chars,
             voices=info.voices,
             languages=info.languages,
-            default_voice=config.tts.voice,
+            default_voice=voice,
             default_language=config.tts.language,
         )
-        payload = {"text": args.text, "voice": args.voice, "language": args.language, "instruct": args.instruct}
+        payload = {"text": args.text, "voice": voice, "language": args.language, "instruct": args.instruct}
         parsed = parse_say(
             json.dumps({k: v for k, v in payload.items() if v is not None}).encode(), rules, origin="cli"
         )
