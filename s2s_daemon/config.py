@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -13,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from s2s_daemon.errors import ConfigError
 
 ENV_PREFIX = "S2S_"
+NOT_CONFIG_ENV = frozenset({"S2S_CONFIG", "S2S_BENCH_REFERENCE_PYTHON"})
+"""``S2S_`` variables that are not configuration keys: the file's path, the benchmark's qwen-tts python."""
 
 
 class Section(BaseModel):
@@ -184,11 +188,21 @@ class DaemonConfig(Section):
         return value
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class EnvOverrides:
+    """The ``S2S_`` variables as a tree to merge over the file, and which variable set which key."""
+
+    tree: dict[str, Any]
+    origins: dict[tuple[str, ...], str]
+    """Key path of every leaf an environment variable set -> ``NAME=value`` as written."""
+
+
+def _env_overrides(environ: Mapping[str, str]) -> EnvOverrides:
     """``S2S_TTS__ENGINE=mlx`` -> ``{"tts": {"engine": "mlx"}}``; values parse as YAML scalars."""
     tree: dict[str, Any] = {}
+    origins: dict[tuple[str, ...], str] = {}
     for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == "S2S_CONFIG":
+        if not name.startswith(ENV_PREFIX) or name in NOT_CONFIG_ENV:
             continue
         path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__") if part]
         if not path:
@@ -204,7 +218,16 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
                 raise ConfigError(f"environment {name}: {part} is not a section")
             node = child
         node[path[-1]] = value
-    return tree
+        for leaf in _leaves(tuple(path), value):
+            origins[leaf] = f"{name}={raw}"
+    return EnvOverrides(tree, origins)
+
+
+def _leaves(path: tuple[str, ...], value: Any) -> list[tuple[str, ...]]:
+    """The key paths a value sets: itself, or every leaf of a mapping (``S2S_TTS__OPTIONS='{a: 1}'``)."""
+    if isinstance(value, Mapping) and value:
+        return [leaf for key, child in value.items() for leaf in _leaves((*path, str(key)), child)]
+    return [path]
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -217,14 +240,66 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _format_error(source: str, exc: ValidationError) -> str:
-    lines = [f"invalid configuration ({source}):"]
+def _has_path(data: Any, loc: tuple[str, ...]) -> bool:
+    """Whether the file's mapping holds the key path (YAML keys may be numbers: compared as text)."""
+    for part in loc:
+        children = [value for key, value in data.items() if str(key) == part] if isinstance(data, dict) else []
+        if not children:
+            return False
+        data = children[0]
+    return True
+
+
+def _blame(loc: tuple[str, ...], file_data: dict[str, Any], file_label: str, env: EnvOverrides) -> str:
+    """Who set the key at ``loc``: the variable that set it (or a section above it), else the file.
+
+    An error on a whole section (a model validator) names every variable that set a key beneath
+    it, and the file too when the file has that section.
+    """
+    for end in range(len(loc), 0, -1):
+        if (origin := env.origins.get(loc[:end])) is not None:
+            return f"{origin} (environment)"
+    beneath = [origin for path, origin in env.origins.items() if path[: len(loc)] == loc]
+    if not beneath:
+        return file_label
+    sources = [file_label] if _has_path(file_data, loc) else []
+    return " + ".join([*sources, f"{', '.join(beneath)} (environment)"])
+
+
+def _section_model(loc: tuple[str, ...]) -> type[BaseModel] | None:
+    """The model of the section at ``loc`` (``("mqtt", "tls")`` -> TlsConfig), None when it is not one."""
+    model: type[BaseModel] = DaemonConfig
+    for part in loc:
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        candidates = [field.annotation, *get_args(field.annotation)]
+        found = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _suggest(loc: tuple[str, ...]) -> str:
+    """``; did you mean mqtt.port?`` for the unknown key ``mqtt.prot``; empty when nothing is close."""
+    model = _section_model(loc[:-1]) if loc else None
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1)
+    return f"; did you mean {'.'.join((*loc[:-1], close[0]))}?" if close else ""
+
+
+def _format_error(file_data: dict[str, Any], file_label: str, env: EnvOverrides, exc: ValidationError) -> str:
+    """One line per error: its source (the file, or ``NAME=value (environment)``), the key, the reason."""
+    lines = ["invalid configuration:"]
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = tuple(str(p) for p in err["loc"])
+        key = ".".join(loc) or "(top level)"
         message = err["msg"]
         if err["type"] == "extra_forbidden":
-            message = "unknown key"
-        lines.append(f"  {key}: {message}")
+            message = "unknown key" + _suggest(loc)
+        lines.append(f"  {_blame(loc, file_data, file_label, env)}: {key}: {message}")
     return "\n".join(lines)
 
 
@@ -232,9 +307,7 @@ def load_config(path: Path | None = None, environ: Mapping[str, str] | None = No
     """Read YAML (or defaults when ``path`` is None), apply ``S2S_`` overrides, validate."""
     environ = os.environ if environ is None else environ
     data: Any = {}
-    source = "defaults"
     if path is not None:
-        source = str(path)
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
@@ -249,8 +322,8 @@ def load_config(path: Path | None = None, environ: Mapping[str, str] | None = No
             data = {}
         if not isinstance(data, dict):
             raise ConfigError(f"configuration {path}: the top level must be a mapping, not {type(data).__name__}")
-    merged = _merge(data, _env_overrides(environ))
+    env = _env_overrides(environ)
     try:
-        return DaemonConfig.model_validate(merged)
+        return DaemonConfig.model_validate(_merge(data, env.tree))
     except ValidationError as exc:
-        raise ConfigError(_format_error(source, exc)) from exc
+        raise ConfigError(_format_error(data, "defaults" if path is None else str(path), env, exc)) from exc
