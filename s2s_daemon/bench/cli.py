@@ -9,10 +9,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from s2s_daemon.bench.report import ConfigSpec, build_document, machine_info, write_json, write_png, write_table
+from s2s_daemon.bench.report import (
+    ConfigSpec,
+    build_document,
+    load_pyplot,
+    machine_info,
+    write_json,
+    write_png,
+    write_table,
+)
 from s2s_daemon.bench.runner import BenchSettings, run_benchmark
 from s2s_daemon.bench.texts import load_texts
-from s2s_daemon.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK
+from s2s_daemon.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, DaemonError
 
 DEFAULT_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
 REFERENCE_ENV = "S2S_BENCH_REFERENCE_PYTHON"
@@ -122,7 +130,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of every synthesis (decoding is greedy)")
     parser.add_argument("--voice", default=None, help="speaker (default: the first configuration's first voice)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write every figure and run as JSON")
-    parser.add_argument("--png", type=Path, default=None, metavar="FILE", help="write a latency and memory chart")
+    parser.add_argument(
+        "--png", type=Path, default=None, metavar="FILE", help="write a latency and memory chart (needs matplotlib)"
+    )
     parser.add_argument(
         "--reference",
         action="store_true",
@@ -143,15 +153,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
-    """Run the benchmark; 0 when every run succeeded, 1 when any failed or it was interrupted, 78 on bad options.
+    """Run the benchmark; 0 when every run succeeded, 1 when any failed or it was interrupted, 78 on bad options
+    (an output file that cannot be written included), 69 when ``--png`` finds no matplotlib.
 
     Ctrl-C or SIGTERM stops it early; the table, JSON and PNG then cover the runs finished so far.
     """
     try:
         settings = settings_from_args(args)
+        check_outputs(args)
     except ValueError as exc:
         sys.stderr.write(f"s2s-daemon bench: {exc}\n")
         return EXIT_CONFIG
+    except DaemonError as exc:
+        sys.stderr.write(f"s2s-daemon bench: {exc}\n")
+        return exc.exit_code
     machine = machine_info()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -167,16 +182,45 @@ def handler(args: argparse.Namespace) -> int:
     write_table(document, sys.stdout)
     if outcome.interrupted:
         sys.stdout.write("INTERRUPTED: the figures cover only the runs finished before the stop.\n")
-    if args.json is not None:
-        write_json(document, args.json)
-    if args.png is not None:
+    written = True
+    for flag, path, write in (("--json", args.json, write_json), ("--png", args.png, write_png)):
+        if path is None:
+            continue
         try:
-            write_png(document, args.png)
-        except RuntimeError as exc:
-            sys.stderr.write(f"s2s-daemon bench: {exc}\n")
-            return EXIT_FAILURE
+            write(document, path)
+        except (OSError, DaemonError) as exc:  # checked before the first run; a full disk can still fail here
+            sys.stderr.write(f"s2s-daemon bench: {flag} {path}: {exc}\n")
+            written = False
     failed = any(not r.ok or any(not run.ok for run in r.records) for r in results)
-    return EXIT_FAILURE if failed or outcome.interrupted else EXIT_OK
+    return EXIT_FAILURE if failed or outcome.interrupted or not written else EXIT_OK
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Fail before the first run, not after the last: ``--png`` needs matplotlib, output files must be writable.
+
+    Raises UnavailableError (exit 69) for a missing matplotlib, ConfigError (exit 78) for a file
+    that cannot be written.
+    """
+    if args.png is not None:
+        load_pyplot()
+    for flag, path in (("--json", args.json), ("--png", args.png)):
+        if path is not None:
+            _check_writable(flag, path)
+
+
+def _check_writable(flag: str, path: Path) -> None:
+    """Open the file as the end will, leaving it as it was: a new file is removed, an old one untouched."""
+    try:
+        try:
+            with path.open("x"):
+                pass
+        except FileExistsError:
+            with path.open("a"):  # appending nothing changes neither its content nor its time
+                pass
+        else:
+            path.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot write there: {exc.strerror or exc}") from exc
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from s2s_daemon.bench.texts import BenchText
+from s2s_daemon.errors import UnavailableError
 
 SCHEMA = "s2s-daemon.bench/1"
 """Version tag of the JSON document; bumped when a field changes meaning."""
@@ -356,15 +357,25 @@ def describe_machine(machine: dict[str, Any]) -> str:
     return f"{machine['cpu']}, {machine['logical_cores']} logical cores{memory}, {machine['platform']}"
 
 
-def write_png(document: dict[str, Any], path: Path) -> None:
-    """Bar charts of latency (TTFA p50/p95, RTF) and peak memory (RSS, device) per configuration."""
+def load_pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend; UnavailableError naming the extra when it cannot be imported.
+
+    The bench command calls it before the first run, so a missing extra costs seconds, not the benchmark.
+    """
     try:
         import matplotlib  # optional: the `bench` extra
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
     except ImportError as exc:
-        msg = "--png needs matplotlib: pip install 's2s-daemon[bench]'"
-        raise RuntimeError(msg) from exc
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        msg = f"--png needs matplotlib, which cannot be imported ({exc}): pip install 's2s-daemon[bench]'"
+        raise UnavailableError(msg) from exc
+    return plt
+
+
+def write_png(document: dict[str, Any], path: Path) -> None:
+    """Bar charts of latency (TTFA p50/p95, RTF) and peak memory (RSS, device) per configuration."""
+    plt = load_pyplot()
 
     configs = [c for c in document["configs"] if c["summary"].get("runs_ok")]
     labels = [c["label"] for c in configs]
