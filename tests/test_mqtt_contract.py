@@ -101,6 +101,31 @@ async def test_stop_current_one_and_all(tmp_path: Path, mosquitto: Mosquitto) ->
         assert (await rec.wait_finished(["after"]))["after"]["status"] == "completed"
 
 
+async def test_stop_before_the_first_sample_is_cancelled_not_interrupted(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    # a tenth of real time: the first chunk takes at least 0.8 s to synthesize
+    slow = {"tts": {"options": {"speed": "0.1", "ms_per_char": "40"}}}
+    async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto, **slow)):
+        await online(rec)
+        await rec.say(SAY, {"id": "silent", "text": "stopped while it is still being synthesized"})
+        await rec.wait_for(lambda: any(p["currentId"] == "silent" for p in rec.payloads("/state")))
+        await rec.client.publish(STOP, b"{}", qos=1)
+        fin = (await rec.wait_finished(["silent"]))["silent"]
+        assert fin["status"] == "cancelled" and fin["audioMs"] == 0 and "error" not in fin
+        assert not any(p["id"] == "silent" for p in rec.payloads("/tts/started"))
+        # and once some of it was heard, a stop is an interruption with the audio heard so far
+        await rec.say(SAY, {"id": "heard", "text": "a sentence long enough to be cut short while it plays"})
+        await rec.wait_for(lambda: any(p["id"] == "heard" for p in rec.payloads("/tts/started")), 15)
+        await rec.client.publish(STOP, b"{}", qos=1)
+        fin = (await rec.wait_finished(["heard"]))["heard"]
+        assert fin["status"] == "interrupted" and 0 < fin["audioMs"] < 4000
+        lat = await rec.wait_for(
+            lambda: next((p for p in rec.payloads("/metrics/latency") if p["id"] == "heard"), None)
+        )
+        assert lat["firstAudioOutMs"] is not None and lat["e2eMs"] is not None
+        # a request that ended before anything was heard has no latency event
+        assert not any(p["id"] == "silent" for p in rec.payloads("/metrics/latency"))
+
+
 async def test_dedup_expiry_priority_interrupt(tmp_path: Path, mosquitto: Mosquitto) -> None:
     slow = {"tts": {"options": {"speed": "1", "ms_per_char": "40"}}}
     async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto, **slow)):

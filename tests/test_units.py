@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import importlib
 import pkgutil
+import time
 
 import pytest
 
@@ -103,8 +104,26 @@ async def test_dispatcher_exactly_one_finished() -> None:
     d.cancel(job, Status.CANCELLED)  # a second stop changes nothing
     d.complete(job)
     d.complete(job)
-    assert events.done[2:] == [("b", "cancelled", None), ("a", "interrupted", None)]
+    # "a" was synthesizing, not one sample heard: cancelled, not interrupted
+    assert events.done[2:] == [("b", "cancelled", None), ("a", "cancelled", None)]
     assert d.jobs == {} and d.state() == ("idle", None)
+
+
+async def test_interrupted_only_once_a_sample_was_heard() -> None:
+    events = Events()
+    d = Dispatcher(RequestQueue(4), events, 16)
+    d.submit(req("heard"))
+    d.submit(req("silent"))
+    heard = d.take(await d.queue.get())
+    assert heard is not None
+    d.current = heard
+    d.first_sample(heard, time.monotonic())
+    assert d.stop_current()
+    d.complete(heard)
+    silent = d.take(await d.queue.get())
+    assert silent is not None and d.stop_current()  # still synthesizing
+    d.complete(silent)
+    assert events.done == [("heard", "interrupted", None), ("silent", "cancelled", None)]
 
 
 async def test_expired_on_take() -> None:

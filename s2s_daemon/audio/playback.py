@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import structlog
 
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.pipeline.channel import Channel
-from s2s_daemon.pipeline.jobs import Dispatcher, Phase
+from s2s_daemon.pipeline.jobs import Dispatcher, Job, Phase
 from s2s_daemon.pipeline.messages import ErrorCode, PlaybackReport, Utterance
 
 log = structlog.get_logger(__name__)
@@ -50,8 +51,10 @@ class PlaybackStage:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         job.play_task = None
+        if task.cancelled() or task.exception() is not None:
+            self._stopped_at(job, time.monotonic())
         if task.cancelled():
-            log.info("playback_stopped", status=str(job.status))
+            log.info("playback_stopped", status=str(job.status), played_ms=job.timeline.played_ms)
         elif (exc := task.exception()) is not None:
             if isinstance(exc, AudioDeviceError):
                 log.warning("playback_failed", error=str(exc))
@@ -71,3 +74,14 @@ class PlaybackStage:
         utterance.chunks.clear()
         utterance.chunks.close()
         dispatcher.complete(job)
+
+    @staticmethod
+    def _stopped_at(job: Job, now: float) -> None:
+        """Playback ended early: the audio heard is the time since the first sample, at most what
+        was synthesized (the sink plays in real time); nothing when no sample played."""
+        tl = job.timeline
+        if tl.first_sample_out is None:
+            tl.played_ms = 0.0
+            return
+        tl.last_sample_played = now
+        tl.played_ms = round(min(tl.audio_s, max(0.0, now - tl.first_sample_out)) * 1000.0, 1)

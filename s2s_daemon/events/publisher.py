@@ -39,7 +39,11 @@ def dumps(payload: dict[str, object]) -> bytes:
 def finished_payload(job: Job) -> dict[str, object]:
     req = job.request
     tl = job.timeline
-    audio_ms = tl.played_ms if tl.played_ms is not None else tl.audio_s * 1000.0
+    # Audio heard: what the sink reported (or estimated when stopped); none before the first sample.
+    if tl.played_ms is not None:
+        audio_ms = tl.played_ms
+    else:
+        audio_ms = tl.audio_s * 1000.0 if tl.first_sample_out is not None else 0.0
     payload: dict[str, object] = {
         "id": req.id,
         "siteId": req.site_id,
@@ -126,8 +130,9 @@ class MqttEvents:
             self._publish(OutMessage(reply.topic, dumps(payload), self.qos, False, reply.correlation_data or b""))
         if job.request.origin == "hermes":
             self._hermes_finished(job)
-        if job.timeline.synth_started is not None:
+        if job.timeline.first_sample_out is not None:  # latency of what was heard; none for a silent end
             self._send(self.topics.latency, latency_payload(job, self.info), qos=0)
+        if job.timeline.synth_started is not None:
             self._on_utterance_end()
 
     def state_changed(self) -> None:

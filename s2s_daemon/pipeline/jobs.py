@@ -155,9 +155,15 @@ class Dispatcher:
         return count
 
     def cancel(self, job: Job, status: Status) -> None:
-        """Stop ``job`` wherever it is; a playing job ends when its sink has flushed."""
+        """Stop ``job`` wherever it is; a playing job ends when its sink has flushed.
+
+        ``interrupted`` means some of it was heard: a job stopped before its first sample played
+        (queued, or still synthesizing) ends ``cancelled`` whatever stopped it.
+        """
         if job.status is not None or job.phase is Phase.DONE:
             return
+        if status is Status.INTERRUPTED and job.timeline.first_sample_out is None:
+            status = Status.CANCELLED
         job.cancelled = True
         if job.phase is Phase.QUEUED:
             self.queue.remove(job.request.id)
