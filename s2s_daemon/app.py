@@ -27,7 +27,14 @@ from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher, Phase
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status, Utterance
 from s2s_daemon.pipeline.queue import RequestQueue
-from s2s_daemon.tts.engine import CheckpointError, EngineError, EngineInfo, EngineOptions, TtsEngine
+from s2s_daemon.tts.engine import (
+    CheckpointError,
+    EngineError,
+    EngineInfo,
+    EngineOptions,
+    ModelUnavailableError,
+    TtsEngine,
+)
 from s2s_daemon.tts.registry import create_engine
 from s2s_daemon.tts.stage import TtsStage
 from s2s_daemon.tts.text import match_voice, normalize_language
@@ -71,6 +78,19 @@ async def load_engine(config: DaemonConfig) -> tuple[EngineWorker, EngineInfo]:
     except CheckpointError as exc:
         await worker.close()
         raise ConfigError(f"tts.model: {exc}") from exc
+    except ModelUnavailableError as exc:
+        # Not a configuration error: a box that boots before its network must be retried.
+        await worker.close()
+        first = (
+            "download it once with the network up (HF_HUB_OFFLINE unset)"
+            if exc.offline
+            else "check the network and try again (a service retries by itself)"
+        )
+        raise UnavailableError(
+            f"tts.model: {exc}. To go on: {first}, or set tts.model (say: --model) to a local checkpoint folder,"
+            " or try the daemon offline with a generated checkpoint (random weights):"
+            " python -m s2s_daemon.tools.make_checkpoint DIR --size tiny --kind custom_voice"
+        ) from exc
     except (EngineError, OSError) as exc:
         await worker.close()
         raise UnavailableError(f"engine {config.tts.engine!r} failed to load {config.tts.model!r}: {exc}") from exc

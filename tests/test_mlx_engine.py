@@ -34,6 +34,7 @@ from s2s_daemon.tts.engine import (
     CheckpointError,
     EngineError,
     EngineOptions,
+    ModelUnavailableError,
     SynthesisRequest,
     TtsEngine,
     UnknownVoiceError,
@@ -588,5 +589,5 @@ def test_a_qwen_id_is_fetched_as_the_mlx_community_repo(tmp_path: Path, monkeypa
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     engine = _engine("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice", "4bit")
-    with pytest.raises(CheckpointError, match=re.escape("mlx-community/Qwen3-TTS-12Hz-0.6B-CustomVoice-4bit")):
+    with pytest.raises(ModelUnavailableError, match=re.escape("mlx-community/Qwen3-TTS-12Hz-0.6B-CustomVoice-4bit")):
         engine.load_blocking()

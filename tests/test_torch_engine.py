@@ -24,6 +24,7 @@ from s2s_daemon.tts.engine import (  # noqa: E402
     CheckpointError,
     EngineError,
     EngineOptions,
+    ModelUnavailableError,
     SynthesisRequest,
     TtsEngine,
     UnknownVoiceError,
@@ -169,8 +170,11 @@ def test_hub_id_offline_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    message = _load_error("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
-    assert "offline=True" in message
+    engine = TorchQwen3Engine(EngineOptions(model="Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice", device="cpu"))
+    with pytest.raises(ModelUnavailableError) as info:  # not a CheckpointError: it can work later
+        engine.load_blocking()
+    assert info.value.offline and info.value.cache == str(tmp_path / "hub")
+    assert "offline mode is on (HF_HUB_OFFLINE=1)" in str(info.value)
 
 
 def test_hub_id_offline_from_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -109,6 +109,27 @@ class CheckpointError(EngineError):
     """A checkpoint is missing, partial, corrupt or of the wrong model type."""
 
 
+class ModelUnavailableError(EngineError):
+    """A hub model cannot be had now (no network, the hub down, offline mode without a cached copy).
+
+    Unlike ``CheckpointError`` the same settings can work later: the daemon exits "unavailable" and
+    the service manager retries. ``str()`` is the fact; the caller adds what to do about it.
+    """
+
+    code = "model_unavailable"
+
+    def __init__(self, model: str, reason: str, *, offline: bool = False, cache: str | None = None) -> None:
+        self.model = model
+        """The hub id that was looked up (the MLX engine's mlx-community repo for a ``Qwen/`` id)."""
+        self.reason = reason
+        self.offline = offline
+        """True when the hub's offline mode (``HF_HUB_OFFLINE``) kept the daemon from asking the hub."""
+        self.cache = cache
+        """The hub cache folder that was searched, when known."""
+        where = f" {cache}" if cache else ""
+        super().__init__(f"cannot download {model!r}: {reason}; the local cache{where} has no complete copy")
+
+
 @runtime_checkable
 class TtsEngine(Protocol):
     """A streaming text-to-speech backend. Constructors do no I/O."""

@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from s2s_daemon.tts.engine import CheckpointError
+from s2s_daemon.tts.engine import CheckpointError, EngineError, ModelUnavailableError
 
 log = structlog.get_logger(__name__)
 
@@ -24,7 +24,12 @@ IGNORED_PREFIXES = ("speaker_encoder.",)
 
 
 def resolve_checkpoint(model: str, revision: str | None) -> Path:
-    """A local folder as is; otherwise a hub id through ``snapshot_download`` (honours HF_HUB_OFFLINE)."""
+    """A local folder as is; otherwise a hub id through ``snapshot_download`` (honours HF_HUB_OFFLINE).
+
+    A folder that is not a checkpoint, or a hub id the hub says does not exist, is a
+    ``CheckpointError`` (the configuration is wrong); a hub that cannot be reached, or offline mode
+    without a cached copy, is a ``ModelUnavailableError`` (the same configuration works later).
+    """
     expanded = Path(os.path.expanduser(model))
     looks_local = model.startswith(("/", ".", "~")) or expanded.exists() or not _HUB_ID.match(model)
     if looks_local:
@@ -39,15 +44,43 @@ def resolve_checkpoint(model: str, revision: str | None) -> Path:
         offline = bool(constants.HF_HUB_OFFLINE)
         try:
             folder = Path(snapshot_download(model, revision=revision, local_files_only=offline))
-        except Exception as exc:
-            raise CheckpointError(
-                f"cannot get {model!r} (revision {revision or 'default'}, offline={offline}): {exc}"
-            ) from exc
+        except Exception as exc:  # hub errors come in many classes (OSError, ValueError, httpx's): sorted here
+            raise hub_failure(model, revision, exc, offline=offline, cache=str(constants.HF_HUB_CACHE)) from exc
         log.info("checkpoint_resolved", model=model, folder=str(folder), offline=offline)
     for name in REQUIRED_FILES:
         if not (folder / name).is_file():
             raise CheckpointError(f"checkpoint {model!r} lacks {name}")
     return folder
+
+
+def hub_failure(model: str, revision: str | None, exc: Exception, *, offline: bool, cache: str) -> EngineError:
+    """What a failed ``snapshot_download`` means: wrong settings (``CheckpointError``) or not now."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    # The hub answers 401/404 for an id that does not exist (or that is private and no token is
+    # set): retrying cannot fix a typo, so that is configuration, like a folder that is no checkpoint.
+    if isinstance(exc, GatedRepoError):
+        return CheckpointError(f"{model!r} is gated on the hub: accept its terms on huggingface.co and set HF_TOKEN")
+    if isinstance(exc, RevisionNotFoundError):
+        return CheckpointError(f"the hub has no revision {revision!r} of {model!r}")
+    if isinstance(exc, RepositoryNotFoundError):
+        return CheckpointError(f"the hub has no model {model!r} (or it is private and HF_TOKEN is not set)")
+    if isinstance(exc, HFValidationError):
+        return CheckpointError(f"{model!r} is not a valid hub id: {exc}")
+    if offline:
+        return ModelUnavailableError(model, "offline mode is on (HF_HUB_OFFLINE=1)", offline=True, cache=cache)
+    cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+    status = getattr(getattr(cause, "response", None), "status_code", None)
+    if isinstance(cause, HfHubHTTPError) and status is not None:
+        return ModelUnavailableError(model, f"the hub answered HTTP {status}", cache=cache)
+    detail = (str(cause).strip().splitlines() or [""])[0]
+    return ModelUnavailableError(model, f"the hub cannot be reached ({type(cause).__name__}: {detail})", cache=cache)
 
 
 def weight_files(folder: Path) -> list[Path]:
