@@ -1,8 +1,9 @@
 """``TorchQwen3Engine``: the project's own streaming Qwen3-TTS 12 Hz in plain torch.
 
-Load: resolve the checkpoint (folder or hub id), parse its configs, build the talker on the meta
-device and assign the safetensors weights, load the text tokenizer (the only use of transformers)
-and the speech-tokenizer decoder (and, for Base models, the codec and speaker encoders).
+Load: resolve the checkpoint (folder or hub id), parse its configs and load the text tokenizer (the
+only use of transformers), so a wrong ``tts.model`` fails before anything slow; then load (on first
+use, build) the native CPU kernels, build the talker on the meta device and assign the safetensors
+weights, and load the speech-tokenizer decoder (and, for Base models, the codec and speaker encoders).
 
 Synthesize: build the official prompt, run the frame loop, and every ``chunk_frames`` frames push
 the new codes through the streaming codec decoder and yield the samples.
@@ -183,11 +184,14 @@ class TorchQwen3Engine:
         if threads is not None and threads > 0:
             torch.set_num_threads(threads)  # process-wide: the intra-op pool is shared
         dtype = pick_dtype(self.options.dtype, device)
-        dtype, weight_format, ext = self._weight_format(device, dtype)
+        quantization, kernels = self._kernel_options(device)
+        # The checkpoint is found and its configs and tokenizer read before the native kernels are
+        # (built and) loaded: a wrong tts.model fails in seconds, not after a minute of compiling.
         folder = resolve_checkpoint(self.options.model, self.options.revision)
         cfg = load_model_config(folder)
         gen = load_generation_settings(folder)
         tokenizer = self._load_tokenizer(folder)
+        dtype, weight_format, ext = self._weight_format(device, dtype, quantization, kernels)
         with no_weight_init(), torch.device("meta"):
             weights = Qwen3TtsWeights(cfg.talker)
         # Packed formats read the checkpoint's own dtype (bf16 in the released models) and pack
@@ -261,24 +265,30 @@ class TorchQwen3Engine:
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise CheckpointError(f"text tokenizer in {folder} cannot be loaded: {exc}") from exc
 
-    def _weight_format(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.dtype, str, Any]:
-        """(runtime dtype, talker weight format, native extension or None) from the options.
-
-        On the CPU the native kernels (``tts.torch.kernels``) run every talker linear with float32
-        activations and float32, bfloat16, int8 or int4 weights; without them int8 is torch's
-        FBGEMM linear and other dtypes are plain torch.
-        """
+    def _kernel_options(self, device: torch.device) -> tuple[str, str]:
+        """(quantization, kernels) from the options, checked before anything is read or built."""
         quantization = (self.options.quantization or "none").lower()
         if quantization not in ("int8", "int4", "none", ""):
             # The shared default (``6bit``) belongs to the MLX engine; torch knows none, int8 and int4.
             log.info("quantization_not_for_torch", quantization=quantization, used="none")
             quantization = "none"
-        quantized = quantization in ("int8", "int4")
-        if quantized and device.type != "cpu":
+        if quantization in ("int8", "int4") and device.type != "cpu":
             raise EngineError(f"{quantization} quantization is a CPU option; use bfloat16 on accelerators")
         kernels = (self.options.kernels or "auto").lower()
         if kernels not in ("auto", "native", "torch"):
             raise EngineError(f"kernels {kernels!r} is not one of auto, native, torch")
+        return quantization, kernels
+
+    def _weight_format(
+        self, device: torch.device, dtype: torch.dtype, quantization: str, kernels: str
+    ) -> tuple[torch.dtype, str, Any]:
+        """(runtime dtype, talker weight format, native extension or None) from the checked options.
+
+        On the CPU the native kernels (``tts.torch.kernels``) run every talker linear with float32
+        activations and float32, bfloat16, int8 or int4 weights; without them int8 is torch's
+        FBGEMM linear and other dtypes are plain torch.
+        """
+        quantized = quantization in ("int8", "int4")
         ext = None
         wanted = device.type == "cpu" and kernels != "torch" and (quantized or dtype != torch.float16)
         if wanted:

@@ -5,20 +5,30 @@ its speed is the speed at which weights stream from memory. ``linear.cpp`` reads
 bfloat16, int8 (per output channel) or 4-bit (affine, per group of ``group`` inputs) weights once
 per call and accumulates in float32 with AVX2/FMA, on torch's own thread pool.
 
-The extension is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and ninja) into a
-folder per source digest under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/s2s-daemon/torch_extensions``
-the first time it is needed (~1 min on 2 cores) and loaded from there afterwards. On a CPU
+The extension is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and ninja) the first
+time it is needed (64-80 s on 2 cores; logged before and after) and loaded from there afterwards.
+Its folder under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/s2s-daemon/torch_extensions`` is keyed by
+everything that goes into the build command (``build_key``): the source and its path, torch's
+version and installation, the Python, the compiler and the flags. torch's ninja file names the
+torch and Python include folders, so two environments sharing one folder would rebuild over each
+other; with one folder each, a second process, environment or checkout never rebuilds. On a CPU
 without AVX2/FMA, without a compiler, or if the build fails, ``load()`` returns ``None`` with the
 reason in ``unavailable_reason()`` and the engine keeps torch's own kernels.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import platform
 import shutil
+import sys
+import sysconfig
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +44,14 @@ FORMATS = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}
 
 INT4_GROUP = 64
 """Inputs per 4-bit group (a float32 scale and min each): 5 bits a weight (MLX's 4bit, with float16 scales: 4.5)."""
+
+EXTENSION_NAME = "s2s_qwen3_linear"
+CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
+BUILD_EXPECTED_S = 70
+"""Seconds a first build takes on the 2-core CI box (64-80 s measured)."""
+PROGRESS_EVERY_S = 5.0
+"""Seconds between the dots printed on a terminal's stderr while the kernels build."""
 
 _SOURCE = Path(__file__).with_name("linear.cpp")
 _lock = threading.Lock()
@@ -80,6 +98,7 @@ def why_not_here() -> str | None:
 
 
 def build_dir() -> Path:
+    """The root the keyed build folders live in (``TORCH_EXTENSIONS_DIR`` when set)."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     if root:
         return Path(root)
@@ -87,8 +106,66 @@ def build_dir() -> Path:
     return Path(cache) / "s2s-daemon" / "torch_extensions"
 
 
+def build_key() -> dict[str, str]:
+    """Everything that changes the command torch writes into the folder's ``build.ninja``.
+
+    ninja rebuilds when that command changes, so a folder shared by two torch installations (two
+    virtual environments), Pythons, compilers or checkouts would be rebuilt on every alternation.
+    """
+    compiler = os.environ.get("CXX", "c++")  # what cpp_extension compiles with
+    return {
+        "source_sha256": hashlib.sha256(_SOURCE.read_bytes()).hexdigest(),
+        "source": os.path.abspath(_SOURCE),  # as the ninja file names it
+        "torch": torch.__version__,
+        "torch_path": os.path.dirname(os.path.abspath(torch.__file__)),  # its include and lib folders
+        "cxx11_abi": str(bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
+        "python": f"{sys.implementation.cache_tag} {platform.python_version()}",
+        "python_include": sysconfig.get_paths()["include"],
+        "compiler": f"{compiler} {shutil.which(compiler) or ''}".strip(),
+        "cflags": " ".join(CFLAGS),
+        "ldflags": " ".join(LDFLAGS),
+        "machine": platform.machine(),
+    }
+
+
+def build_folder(key: dict[str, str] | None = None) -> Path:
+    """The folder of this environment's build: readable prefix, digest of ``build_key()``."""
+    key = build_key() if key is None else key
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return build_dir() / f"torch{key['torch'].split('+')[0]}-{sys.implementation.cache_tag}-{digest}"
+
+
+def is_built(folder: Path | None = None) -> bool:
+    """True when this environment's build folder holds a built extension (loading it compiles nothing)."""
+    return ((build_folder() if folder is None else folder) / f"{EXTENSION_NAME}.so").is_file()
+
+
+@contextlib.contextmanager
+def _progress_dots(enabled: bool) -> Iterator[None]:
+    """A dot on stderr every ``PROGRESS_EVERY_S`` while the block runs, when stderr is a terminal."""
+    if not (enabled and sys.stderr.isatty()):
+        yield
+        return
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(PROGRESS_EVERY_S):
+            sys.stderr.write(".")
+            sys.stderr.flush()
+
+    ticker = threading.Thread(target=tick, name="s2s.native_build_progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
 def load() -> Any:
-    """The compiled extension, building it once per process if needed; None when unavailable."""
+    """The compiled extension, building it once per environment if needed; None when unavailable."""
     with _lock:
         if "module" in _state:
             return _state["module"]
@@ -97,22 +174,33 @@ def load() -> Any:
         if reason is None:
             from torch.utils.cpp_extension import load as build
 
-            # One folder per source and torch version: two checkouts or versions of the daemon never
-            # rebuild over each other's extension (torch rebuilds when a folder's sources change).
-            digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
-            folder = build_dir() / f"torch{torch.__version__.split('+')[0]}-{digest}"
-            folder.mkdir(parents=True, exist_ok=True)
+            key = build_key()
+            folder = build_folder(key)
+            cached = is_built(folder)
+            if not cached:
+                log.info("native_kernels_building", expected_s=BUILD_EXPECTED_S, cached_in=str(folder))
+            started = time.perf_counter()
             try:
-                module = build(
-                    name="s2s_qwen3_linear",
-                    sources=[str(_SOURCE)],
-                    build_directory=str(folder),
-                    extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
-                    extra_ldflags=["-fopenmp"],
-                    verbose=False,
-                )
+                folder.mkdir(parents=True, exist_ok=True)
+                if not (folder / "key.json").is_file():  # what the folder was built for, for people
+                    (folder / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True) + "\n", "utf-8")
+                with _progress_dots(enabled=not cached):
+                    module = build(
+                        name=EXTENSION_NAME,
+                        sources=[str(_SOURCE)],
+                        build_directory=str(folder),
+                        extra_cflags=list(CFLAGS),
+                        extra_ldflags=list(LDFLAGS),
+                        verbose=False,
+                    )
             except (OSError, RuntimeError, ImportError) as exc:  # compiler errors arrive as RuntimeError
                 reason = f"building the kernels failed: {str(exc).strip().splitlines()[-1] if str(exc) else exc}"
+            else:
+                elapsed_s = round(time.perf_counter() - started, 1)
+                if not cached:
+                    log.info("native_kernels_built", build_s=elapsed_s, folder=str(folder))
+                else:
+                    log.debug("native_kernels_cached", load_s=elapsed_s, folder=str(folder))
         if module is None:
             log.warning("native_kernels_unavailable", reason=reason)
         _state["module"] = module
