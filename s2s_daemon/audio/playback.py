@@ -1,4 +1,5 @@
-"""The playback stage: hands utterances to the sink one at a time and ends their jobs."""
+"""The playback stage: hands utterances to the speaker's sink one at a time, and those bound
+for a caller (``SayRequest.output``) to their own output at once; ends their jobs."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import time
 import structlog
 
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
-from s2s_daemon.pipeline.channel import Channel
+from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher, Job, Phase
-from s2s_daemon.pipeline.messages import ErrorCode, PlaybackReport, Utterance
+from s2s_daemon.pipeline.messages import AudioOutput, ErrorCode, PlaybackReport, Utterance
 
 log = structlog.get_logger(__name__)
 
@@ -22,11 +23,31 @@ class PlaybackStage:
         self.dispatcher = dispatcher
 
     async def run(self) -> None:
-        async for utterance in self.utterances:
-            with structlog.contextvars.bound_contextvars(request_id=utterance.request.id):
-                await self._play(utterance)
+        # The speaker plays one utterance after another (one more waits in ``speaker``); a
+        # caller's output plays as soon as its utterance comes, beside the speaker and the others.
+        speaker: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances.speaker")
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._speak(speaker), name="s2s.playback.speaker")
+            try:
+                async for utterance in self.utterances:
+                    output = utterance.request.output
+                    if output is None:
+                        await speaker.put(utterance)
+                        continue
+                    tg.create_task(self._play_logged(utterance, output), name=f"s2s.output.{utterance.request.id}")
+            finally:
+                speaker.close()
 
-    async def _play(self, utterance: Utterance) -> None:
+    async def _speak(self, speaker: Channel[Utterance]) -> None:
+        async for utterance in speaker:
+            with structlog.contextvars.bound_contextvars(request_id=utterance.request.id):
+                await self._play(utterance, self.sink, speaker=True)
+
+    async def _play_logged(self, utterance: Utterance, output: AudioOutput) -> None:
+        with structlog.contextvars.bound_contextvars(request_id=utterance.request.id, output=output.name):
+            await self._play(utterance, output, speaker=False)
+
+    async def _play(self, utterance: Utterance, sink: AudioSink | AudioOutput, speaker: bool) -> None:
         dispatcher = self.dispatcher
         job = dispatcher.jobs.get(utterance.request.id)
         if job is None or job.phase is Phase.DONE:
@@ -38,9 +59,10 @@ class PlaybackStage:
             utterance.chunks.close()
             dispatcher.complete(job)
             return
-        dispatcher.current = job
+        if speaker:
+            dispatcher.current = job
         task: asyncio.Task[PlaybackReport] = asyncio.create_task(
-            self.sink.play(utterance, lambda at: dispatcher.first_sample(job, at)),
+            sink.play(utterance, lambda at: dispatcher.first_sample(job, at)),
             name=f"s2s.playback.{utterance.request.id}",
         )
         job.play_task = task

@@ -5,17 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 import wave
-from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from s2s_daemon.pipeline.messages import PlaybackReport, Utterance
+from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, Utterance
 from s2s_daemon.tts.engine import Samples
 
-FirstSample = Callable[[float], None]
-"""Called once with the monotonic time the first sample was handed to the device."""
+__all__ = ["AudioDeviceError", "AudioSink", "DiscardSink", "FirstSample", "WavSink", "apply_volume", "write_wav"]
 
 
 class AudioDeviceError(Exception):

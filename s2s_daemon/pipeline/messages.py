@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from s2s_daemon.pipeline.channel import Channel
 from s2s_daemon.tts.engine import Samples
@@ -76,8 +78,11 @@ class SayRequest:
     received_at: float = field(default_factory=time.monotonic)
     """Monotonic seconds at receipt."""
     origin: str = "mqtt"
-    """``mqtt``, ``pool``, ``hermes`` or ``cli``."""
+    """``mqtt``, ``pool``, ``hermes``, ``cli`` or the intake that made it."""
     reply_to: ReplyTo | None = None
+    output: AudioOutput | None = None
+    """Where the audio goes: None is the daemon's own sink (the speaker); otherwise the caller's
+    stream (or file) that the intake made. The TTS stage never looks at it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,24 @@ class Utterance:
     sample_rate: int
     """Hertz of the chunks."""
     chunks: Channel[Samples]
+
+
+FirstSample = Callable[[float], None]
+"""Called once with the monotonic time the first sample was handed on (device or caller)."""
+
+
+class AudioOutput(Protocol):
+    """A destination for one request's audio other than the daemon's speaker.
+
+    ``play`` consumes ``utterance.chunks`` until the channel closes (or the caller is gone),
+    calls ``on_first_sample`` when the first sample leaves, and reports what it delivered.
+    Cancelling ``play`` (stop, shutdown) ends it at once. Outputs play concurrently with the
+    speaker and with each other; synthesis itself stays one request at a time.
+    """
+
+    name: str
+
+    async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport: ...
 
 
 @dataclass(frozen=True, slots=True)
