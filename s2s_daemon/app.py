@@ -60,7 +60,7 @@ def engine_options(config: DaemonConfig) -> EngineOptions:
         quantization = tts.options.get("quantization", "none")
     return EngineOptions(
         model=tts.model,
-        device=tts.torch.device,
+        device=tts.mlx.device if tts.engine == "mlx" else tts.torch.device,
         dtype=tts.torch.dtype,
         quantization=quantization,
         kernels=tts.torch.kernels,

@@ -56,7 +56,6 @@ def cmd_say(args: argparse.Namespace) -> int:
     for flag, key in (
         ("engine", "S2S_TTS__ENGINE"),
         ("model", "S2S_TTS__MODEL"),
-        ("device", "S2S_TTS__TORCH__DEVICE"),
         ("dtype", "S2S_TTS__TORCH__DTYPE"),
         ("kernels", "S2S_TTS__TORCH__KERNELS"),
     ):
@@ -68,6 +67,10 @@ def cmd_say(args: argparse.Namespace) -> int:
         section = "MLX" if engine == "mlx" or args.quantization.endswith(("bit", "bf16")) else "TORCH"
         overrides[f"S2S_TTS__{section}__QUANTIZATION"] = args.quantization
     config = _load(args, overrides)
+    if args.device is not None:  # the device key of the engine that runs
+        section = "MLX" if config.tts.engine == "mlx" else "TORCH"
+        overrides[f"S2S_TTS__{section}__DEVICE"] = args.device
+        config = _load(args, overrides)
     configure_logging(config.log.format, config.log.level)
     from s2s_daemon.say import say_once
 
@@ -106,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     say.add_argument("--seed", type=int)
     say.add_argument("--dtype", help="torch: float32, bfloat16, float16 or auto")
-    say.add_argument("--device", help="torch: auto, cpu, cuda, cuda:N, mps")
+    say.add_argument("--device", help="torch: auto, cpu, cuda, cuda:N, mps; mlx: auto, metal, cpu")
     say.add_argument("--quantization", help="mlx: 4bit|6bit|8bit|bf16; torch: none|int8|int4")
     say.add_argument("--kernels", choices=["auto", "native", "torch"], help="torch on the CPU: linear kernels")
     say.add_argument("--ref-audio", type=Path, help="reference recording for voice cloning (Base models)")

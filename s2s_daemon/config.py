@@ -84,6 +84,8 @@ class TorchEngineConfig(Section):
 
 
 class MlxEngineConfig(Section):
+    device: Literal["auto", "metal", "cpu"] = "auto"
+    """``auto`` (Metal when there is one, else the CPU), ``metal`` or ``cpu``."""
     quantization: Literal["4bit", "6bit", "8bit", "bf16"] = "6bit"
 
 

@@ -363,11 +363,11 @@ class MlxQwen3Engine:
             return "cpu"
         if wanted in ("auto", "metal", "gpu", "mps"):
             if not metal:
-                msg = f"tts.device {wanted!r} needs Metal, which this machine does not have"
+                msg = f"tts.mlx.device {wanted!r} needs Metal, which this machine does not have"
                 raise EngineError(msg)
             mx.set_default_device(mx.gpu)
             return "metal"
-        msg = f"the mlx engine runs on 'cpu' or 'metal', not {wanted!r}"
+        msg = f"tts.mlx.device: the mlx engine runs on 'cpu' or 'metal', not {wanted!r}"
         raise EngineError(msg)
 
     def _fetch(self, source: MlxSource) -> Path:
