@@ -13,7 +13,7 @@ engine, warms up (2 frames), then synthesizes a ten-word sentence with a fixed f
   (real time is 12.5);
 - ``talker_fps``: frames per second of the talker + code predictor alone (no codec);
 - ``audio_ms_per_frame`` beside ``qwentts_cpp_ms``: our time per frame with audio decoding and
-  qwentts.cpp's for the matching GGML format (F32, BF16, Q8_0, Q4_K_M; figures quoted from issue 3);
+  qwentts.cpp's for the matching GGML format (F32, BF16, Q8_0, Q4_K_M; quoted from ../shared/PEERS.md);
 - ``peak_rss_mib``: the child's maximum resident set;
 - ``floor_ms``: bytes of weights one frame reads (talker layers + codec head once, predictor
   layers + one head per codebook 1..15) divided by the measured read bandwidth: the fastest a
@@ -44,10 +44,12 @@ FORMATS = {
 }
 """``fmt-torch``: torch's own kernels (FBGEMM for int8) instead of the native ones."""
 
-QWENTTS_CPP_MS = {"fp32": 470, "bf16": 400, "int8": 280, "int4": 220}
-"""qwentts.cpp (GGML) on the same random checkpoint, 2 threads, ms per frame with audio decoding:
-F32, BF16, Q8_0, Q4_K_M, as measured on this project's machine and quoted on issue 3 (it cannot
-be installed here, so it is printed beside our figures, not run)."""
+QWENTTS_CPP_MS = {"fp32": 433, "bf16": 344, "int8": 312, "int4": 291}
+"""qwentts.cpp (GGML) on a random 0.6B CustomVoice checkpoint, 2 threads, ms per frame with audio
+decoding (F32, BF16, Q8_0, Q4_K_M; the mean of two runs), from ../shared/PEERS.md: measured
+2026-12-01 on this project's machine kind (2-core AMD EPYC, AVX2) with the PyPI wheel
+realtimetts-qwen-native-cpu 0.4.2, interleaved with our engine at 1eeef62. Its GGUF files need
+qwentts.cpp's converter, which no registry carries, so it is quoted here, not run."""
 
 
 def read_bandwidth_gbs(threads: int) -> float:
