@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from typing import Any
 
 import aiomqtt
@@ -89,7 +90,7 @@ async def load_engine(config: DaemonConfig) -> tuple[EngineWorker, EngineInfo]:
         raise UnavailableError(
             f"tts.model: {exc}. To go on: {first}, or set tts.model (say: --model) to a local checkpoint folder,"
             " or try the daemon offline with a generated checkpoint (random weights):"
-            " python -m s2s_daemon.tools.make_checkpoint DIR --size tiny --kind custom_voice"
+            f" {sys.executable} -m s2s_daemon.tools.make_checkpoint DIR --size tiny --kind custom_voice"
         ) from exc
     except (EngineError, OSError) as exc:
         await worker.close()
