@@ -16,6 +16,7 @@ from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.config import DaemonConfig
 from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError, UnavailableError
+from s2s_daemon.events.discovery import HaDiscovery
 from s2s_daemon.events.memory import memory_payload
 from s2s_daemon.events.publisher import MqttEvents, now_ms
 from s2s_daemon.intake.broker import EmbeddedBroker
@@ -209,10 +210,18 @@ class Daemon:
             default_voice=cfg.tts.voice,
             default_language=cfg.tts.language,
         )
-        intake = MqttIntake(dispatcher, rules, self.topics, cfg.mqtt.hermes)
+        discovery = HaDiscovery(cfg.ha, self.topics, info)
+
+        def on_ha_birth(payload: bytes) -> None:
+            for message in discovery.on_birth(payload):
+                link.publish(message)
+
+        ha_birth = (discovery.birth_topic, on_ha_birth) if discovery.enabled else None
+        intake = MqttIntake(dispatcher, rules, self.topics, cfg.mqtt.hermes, ha_birth=ha_birth)
 
         def on_connect() -> list[OutMessage]:
-            return [events.status_message(True), events.info_message(), events.state_message()]
+            retained = [events.status_message(True), events.info_message(), events.state_message()]
+            return retained + discovery.connect_messages()  # Home Assistant's configs, or their removal
 
         link = MqttLink(
             cfg.mqtt,
@@ -222,6 +231,7 @@ class Daemon:
             on_connect,
             # amqtt speaks 3.1.1 only and stalls on a v5 CONNECT instead of refusing it.
             protocol=aiomqtt.ProtocolVersion.V311 if cfg.mqtt.broker == "embedded" else None,
+            subscriptions=discovery.subscriptions(),
         )
         link.prepare()
 

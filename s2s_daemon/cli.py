@@ -77,6 +77,19 @@ def cmd_say(args: argparse.Namespace) -> int:
     return asyncio.run(say_once(config, args))
 
 
+def cmd_ha_remove(args: argparse.Namespace) -> int:
+    config = _load(args)
+    from s2s_daemon.events.discovery import remove_discovery
+
+    cleared = asyncio.run(remove_discovery(config))
+    print(f"cleared {len(cleared)} Home Assistant discovery configs on {config.mqtt.host}:{config.mqtt.port}:")
+    for topic in cleared:
+        print(f"  {topic}")
+    if config.ha.discovery:
+        print("note: ha.discovery is true here: a daemon running with it announces them again on its next connect")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="s2s-daemon", description="Real-time voice output daemon (MQTT -> Qwen3-TTS -> speaker)."
@@ -115,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--ref-audio", type=Path, help="reference recording for voice cloning (Base models)")
     say.add_argument("--ref-text", help="transcript of --ref-audio")
     say.set_defaults(func=cmd_say)
+
+    ha = sub.add_parser("ha", help="Home Assistant MQTT discovery")
+    ha_actions = ha.add_subparsers(dest="ha_action", required=True, metavar="ACTION")
+    ha_remove = ha_actions.add_parser(
+        "remove", help="clear this site's retained discovery configs: Home Assistant removes its entities"
+    )
+    config_flag(ha_remove)
+    ha_remove.set_defaults(func=cmd_ha_remove)
 
     for name in EXTENSIONS:
         try:

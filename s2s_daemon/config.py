@@ -171,6 +171,24 @@ class ShutdownConfig(Section):
     drain_timeout_s: float = Field(10.0, ge=0)
 
 
+class HaConfig(Section):
+    """Home Assistant MQTT discovery."""
+
+    discovery: bool = False
+    """Announce this site to Home Assistant (retained configs); ``false`` clears them on connect."""
+    prefix: str = Field("homeassistant", min_length=1)
+    """Home Assistant's discovery prefix (its birth message is ``<prefix>/status``)."""
+    name: str | None = Field(None, min_length=1)
+    """The device's name in Home Assistant; defaults to ``s2s <site_id>``."""
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_is_plain(cls, value: str) -> str:
+        if any(c in value for c in "+#") or value.startswith("/") or value.endswith("/"):
+            raise ValueError("must not contain + or # or start/end with /")
+        return value
+
+
 class DaemonConfig(Section):
     site_id: str = Field("default", min_length=1)
     mqtt: MqttConfig = MqttConfig()
@@ -181,6 +199,7 @@ class DaemonConfig(Section):
     telemetry: TelemetryConfig = TelemetryConfig()
     log: LogConfig = LogConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
+    ha: HaConfig = HaConfig()
 
     @field_validator("site_id")
     @classmethod

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Literal, TextIO
 from xml.sax.saxutils import escape as xml_escape
 
-from s2s_daemon.config import load_config
-from s2s_daemon.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_UNAVAILABLE, ConfigError
+from s2s_daemon.config import DaemonConfig, load_config
+from s2s_daemon.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_UNAVAILABLE, ConfigError, DaemonError
 
 Manager = Literal["systemd", "launchd"]
 Scope = Literal["user", "system"]
@@ -254,6 +254,18 @@ def run_command(argv: Sequence[str]) -> int:
         return 127
 
 
+HaRemover = Callable[[DaemonConfig], int]
+"""Clears a site's Home Assistant discovery configs on its broker; returns how many."""
+
+
+def remove_ha_entities(config: DaemonConfig) -> int:
+    import asyncio
+
+    from s2s_daemon.events.discovery import remove_discovery
+
+    return len(asyncio.run(remove_discovery(config)))
+
+
 def query_command(argv: Sequence[str]) -> tuple[int, str]:
     try:
         done = subprocess.run(list(argv), check=False, capture_output=True, text=True, timeout=10)
@@ -273,6 +285,7 @@ class ServiceCommand:
     start: bool = True
     runner: Runner = run_command
     query: Query = query_command
+    ha_remove: HaRemover = remove_ha_entities
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     home: Path = field(default_factory=Path.home)
     python: Path = field(default_factory=lambda: Path(sys.executable))
@@ -441,6 +454,7 @@ class ServiceCommand:
             self.say(f"removed {target}")
         else:
             self.say(f"{target} was not installed")
+        self.uninstall_ha_entities()
         if self.manager == "systemd":
             self.must(self.systemctl("daemon-reload"))
         if self.scope == "system":
@@ -449,6 +463,28 @@ class ServiceCommand:
                 "/var/cache/s2s-daemon; remove them by hand if you want them gone"
             )
         return EXIT_OK
+
+    def uninstall_ha_entities(self) -> None:
+        """With ``ha.discovery`` on and an external broker, the stopped daemon's Home Assistant
+        entities are removed too (an embedded broker's retained configs ended with the daemon)."""
+        path = self.config_path()
+        if not path.is_file():
+            return
+        try:
+            config = load_config(path, environ={})
+        except ConfigError:
+            return
+        if not config.ha.discovery or config.mqtt.broker != "external":
+            return
+        try:
+            cleared = self.ha_remove(config)
+        except DaemonError as exc:
+            self.warn(
+                f"could not remove the Home Assistant entities: {exc}\n"
+                f"when the broker is reachable: s2s-daemon ha remove -c {path}"
+            )
+            return
+        self.say(f"removed the Home Assistant entities ({cleared} discovery configs cleared)")
 
     def status(self) -> int:
         target = service_file_path(self.manager, self.scope, self.env, self.home)

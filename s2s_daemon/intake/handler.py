@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -18,11 +19,20 @@ HERMES_DEFAULT_SITE = "default"
 
 
 class MqttIntake:
-    def __init__(self, dispatcher: Dispatcher, rules: IntakeRules, topics: Topics, hermes: bool) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        rules: IntakeRules,
+        topics: Topics,
+        hermes: bool,
+        ha_birth: tuple[str, Callable[[bytes], None]] | None = None,
+    ) -> None:
         self.dispatcher = dispatcher
         self.rules = rules
         self.topics = topics
         self.hermes = hermes
+        self.ha_birth = ha_birth
+        """Home Assistant's birth topic and what to do with its payload (discovery on)."""
 
     def handle(self, message: InMessage) -> None:
         topic = message.topic
@@ -34,6 +44,8 @@ class MqttIntake:
             self.stop(message.payload)
         elif self.hermes and topic == HERMES_SAY:
             self.hermes_say(message)
+        elif self.ha_birth is not None and topic == self.ha_birth[0]:
+            self.ha_birth[1](message.payload)
         else:
             log.debug("message_ignored", topic=topic)
 

@@ -14,7 +14,7 @@ import contextlib
 import random
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -178,9 +178,12 @@ class MqttLink:
         on_message: Callable[[InMessage], None],
         on_connect: Callable[[], list[OutMessage]],
         protocol: aiomqtt.ProtocolVersion | None = None,
+        subscriptions: Sequence[str] = (),
     ) -> None:
         self.config = config
         self.topics = topics
+        self.extra_subscriptions = tuple(subscriptions)
+        """Topics subscribed besides say, stop, pool and Hermes (Home Assistant's birth)."""
         self.client_id = client_id
         self.on_message = on_message
         self.on_connect = on_connect
@@ -266,6 +269,7 @@ class MqttLink:
             subs.append(self.topics.pool_subscription)
         if self.config.hermes:
             subs.append(HERMES_SAY)
+        subs.extend(self.extra_subscriptions)
         return subs
 
     async def run(self) -> None:

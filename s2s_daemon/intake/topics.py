@@ -78,3 +78,13 @@ HERMES_ERROR = "hermes/error/tts"
 
 def hermes_vad(site_id: str, up: bool) -> str:
     return f"hermes/voiceActivity/{site_id}/{'vadUp' if up else 'vadDown'}"
+
+
+def ha_config(ha_prefix: str, component: str, node_id: str, object_id: str) -> str:
+    """Home Assistant's discovery topic ``<ha_prefix>/<component>/<node_id>/<object_id>/config``."""
+    return f"{ha_prefix}/{component}/{node_id}/{object_id}/config"
+
+
+def ha_birth(ha_prefix: str) -> str:
+    """Home Assistant's birth message (``online`` when it starts): discovery is published again."""
+    return f"{ha_prefix}/status"
