@@ -26,8 +26,8 @@ from s2s_daemon.intake.schemas import IntakeRules
 from s2s_daemon.intake.topics import Topics
 from s2s_daemon.notify import SystemdNotifier
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher, Phase
-from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status, Utterance
+from s2s_daemon.pipeline.jobs import Dispatcher
+from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Utterance
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.tts.engine import (
     CheckpointError,
@@ -41,6 +41,7 @@ from s2s_daemon.tts.registry import create_engine
 from s2s_daemon.tts.stage import TtsStage
 from s2s_daemon.tts.text import match_voice, normalize_language
 from s2s_daemon.tts.worker import EngineWorker
+from s2s_daemon.vad.policy import BargeIn, VadGate
 
 log = structlog.get_logger(__name__)
 
@@ -259,12 +260,7 @@ class Daemon:
             # -- drain ---------------------------------------------------------------------
             self.notifier.stopping()
             log.info("draining", queued=len(requests), timeout_s=cfg.shutdown.drain_timeout_s)
-            dispatcher.accepting = False
-            for request in requests.drain():
-                job = dispatcher.jobs.get(request.id)
-                if job is not None:
-                    dispatcher.cancel(job, Status.CANCELLED)
-            requests.close()
+            dispatcher.close()  # accepts no more; queued requests are answered cancelled
             _, pending = await asyncio.wait({tts_task, play_task}, timeout=cfg.shutdown.drain_timeout_s)
             if pending:
                 log.warning("drain_timeout", interrupted=[j.request.id for j in dispatcher.jobs.values()])
@@ -272,12 +268,7 @@ class Daemon:
                 _, pending = await asyncio.wait(pending, timeout=CLOSE_TIMEOUT_S)
                 for task in pending:
                     task.cancel()
-            for job in list(dispatcher.jobs.values()):
-                error = RequestError(ErrorCode.SHUTTING_DOWN, "the daemon stopped")
-                dispatcher.cancel(job, Status.CANCELLED if job.phase is Phase.QUEUED else Status.INTERRUPTED)
-                if job.phase is not Phase.DONE:
-                    job.error = job.error or error
-                    dispatcher.complete(job)
+            dispatcher.abandon(RequestError(ErrorCode.SHUTTING_DOWN, "the daemon stopped"))
             if vad_stage is not None:
                 await vad_stage.close()
             for task in helpers:
@@ -294,16 +285,11 @@ class Daemon:
             return None
         from s2s_daemon.vad.stage import VadStage
 
-        policy = cfg.policy
+        barge_in = BargeIn(cfg.policy, gate, dispatcher)
 
         def on_event(event: Any) -> None:
             events.vad(event.speaking, event.signal_ms)
-            gate.speaking(event.speaking if policy == "wait" else False)
-            if event.speaking and policy == "interrupt":
-                current = dispatcher.current
-                if current is not None and current.phase is Phase.SPEAKING:
-                    log.info("barge_in", request_id=current.request.id)
-                    dispatcher.cancel(current, Status.INTERRUPTED)
+            barge_in.on_speech(event.speaking)
 
         stage = VadStage(cfg, on_event)
         await stage.open()
@@ -329,28 +315,3 @@ class Daemon:
         while True:
             self.notifier.watchdog()
             await asyncio.sleep(interval / 2)
-
-
-class VadGate:
-    """Policy ``wait``: holds the next utterance while someone speaks, at most ``max_wait_s``."""
-
-    def __init__(self, max_wait_s: float) -> None:
-        self.max_wait_s = max_wait_s
-        self._quiet = asyncio.Event()
-        self._quiet.set()
-
-    def speaking(self, active: bool) -> None:
-        if active:
-            self._quiet.clear()
-        else:
-            self._quiet.set()
-
-    def hold(self) -> asyncio.Future[None] | None:
-        if self._quiet.is_set():
-            return None
-        return asyncio.ensure_future(self._wait())
-
-    async def _wait(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.max_wait_s):
-                await self._quiet.wait()

@@ -16,10 +16,18 @@ from s2s_daemon.errors import ConfigError
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
 from s2s_daemon.intake.topics import Topics
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, ChannelFull, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher, Job, Phase
+from s2s_daemon.pipeline.jobs import (
+    ChunkMade,
+    Dispatcher,
+    FirstSample,
+    Job,
+    OnSpeaker,
+    Phase,
+    PlaybackEnded,
+    Released,
+)
 from s2s_daemon.pipeline.messages import ErrorCode, SayRequest, Status
 from s2s_daemon.pipeline.queue import RequestQueue
-from s2s_daemon.tts.worker import Generation
 
 RULES = IntakeRules("kitchen", 50, ("Ryan", "Vivian"), ("auto", "english", "chinese"), "Ryan", "auto")
 
@@ -102,8 +110,9 @@ async def test_dispatcher_exactly_one_finished() -> None:
     assert d.stop_id("b") and not d.stop_id("b")
     d.cancel(job, Status.INTERRUPTED)
     d.cancel(job, Status.CANCELLED)  # a second stop changes nothing
-    d.complete(job)
-    d.complete(job)
+    assert job.should_stop() and job.stopped.is_set()  # the one stop token, for the engine and playback
+    d.record(job, PlaybackEnded(time.monotonic()))
+    d.record(job, PlaybackEnded(time.monotonic()))  # a second end changes nothing
     # "a" was synthesizing, not one sample heard: cancelled, not interrupted
     assert events.done[2:] == [("b", "cancelled", None), ("a", "cancelled", None)]
     assert d.jobs == {} and d.state() == ("idle", None)
@@ -116,13 +125,16 @@ async def test_interrupted_only_once_a_sample_was_heard() -> None:
     d.submit(req("silent"))
     heard = d.take(await d.queue.get())
     assert heard is not None
-    d.current = heard
-    d.first_sample(heard, time.monotonic())
-    assert d.stop_current()
-    d.complete(heard)
+    d.record(heard, OnSpeaker(time.monotonic()))
+    d.record(heard, ChunkMade(time.monotonic(), 2.0))
+    d.record(heard, FirstSample(time.monotonic()))
+    assert d.stop_speaking() == "heard"
+    d.record(heard, PlaybackEnded(time.monotonic()))
     silent = d.take(await d.queue.get())
-    assert silent is not None and d.stop_current()  # still synthesizing
-    d.complete(silent)
+    assert silent is not None
+    assert d.stop_speaking() is None  # nothing plays on the speaker
+    assert d.stop_current()  # still synthesizing
+    d.record(silent, Released(time.monotonic()))
     assert events.done == [("heard", "interrupted", None), ("silent", "cancelled", None)]
 
 
@@ -132,14 +144,6 @@ async def test_expired_on_take() -> None:
     d.submit(req("old", ttl_ms=0, received_at=0.0))
     assert d.take(await d.queue.get()) is None
     assert events.done == [("old", "expired", None)]
-
-
-def test_generation_counter() -> None:
-    gen = Generation()
-    stop_old = gen.stopper()
-    assert not stop_old()
-    gen.bump()
-    assert stop_old() and not gen.stopper()()
 
 
 # -- payloads ----------------------------------------------------------------------------

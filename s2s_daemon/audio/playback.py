@@ -10,7 +10,7 @@ import structlog
 
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher, Job, Phase
+from s2s_daemon.pipeline.jobs import Dispatcher, Failed, FirstSample, OnSpeaker, PlaybackEnded, Released
 from s2s_daemon.pipeline.messages import AudioOutput, ErrorCode, PlaybackReport, Utterance
 
 log = structlog.get_logger(__name__)
@@ -48,62 +48,42 @@ class PlaybackStage:
             await self._play(utterance, output, speaker=False)
 
     async def _play(self, utterance: Utterance, sink: AudioSink | AudioOutput, speaker: bool) -> None:
-        dispatcher = self.dispatcher
-        job = dispatcher.jobs.get(utterance.request.id)
-        if job is None or job.phase is Phase.DONE:
+        ledger = self.dispatcher
+        job = ledger.jobs.get(utterance.request.id)
+        if job is None or job.should_stop():
             utterance.chunks.clear()
             utterance.chunks.close()
-            return
-        if job.cancelled:
-            utterance.chunks.clear()
-            utterance.chunks.close()
-            dispatcher.complete(job)
+            if job is not None:
+                ledger.record(job, Released(time.monotonic()))
             return
         if speaker:
-            dispatcher.current = job
+            ledger.record(job, OnSpeaker(time.monotonic()))
         task: asyncio.Task[PlaybackReport] = asyncio.create_task(
-            sink.play(utterance, lambda at: dispatcher.first_sample(job, at)),
+            sink.play(utterance, lambda at: ledger.record(job, FirstSample(at))),
             name=f"s2s.playback.{utterance.request.id}",
         )
-        job.play_task = task
+        stop = asyncio.create_task(job.stopped.wait(), name=f"s2s.playback.{utterance.request.id}.stop")
         try:
-            await asyncio.wait({task})
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not task.done():  # this stage itself was cancelled (shutdown)
+            stop.cancel()
+            if not task.done():  # stopped (stop, barge-in, shutdown) or this stage was cancelled
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        job.play_task = None
-        if task.cancelled() or task.exception() is not None:
-            self._stopped_at(job, time.monotonic())
+        # Whatever the engine still holds for this utterance is no longer wanted.
+        utterance.chunks.clear()
+        utterance.chunks.close()
+        now = time.monotonic()
         if task.cancelled():
-            log.info("playback_stopped", status=str(job.status), played_ms=job.timeline.played_ms)
+            log.info("playback_stopped", status=str(job.status))
+            ledger.record(job, PlaybackEnded(now))
         elif (exc := task.exception()) is not None:
             if isinstance(exc, AudioDeviceError):
                 log.warning("playback_failed", error=str(exc))
-                dispatcher.fail(job, ErrorCode.AUDIO_ERROR, str(exc))
+                ledger.record(job, Failed(now, ErrorCode.AUDIO_ERROR, str(exc)))
             else:
                 log.error("playback_crashed", error=repr(exc))
-                dispatcher.fail(job, ErrorCode.AUDIO_ERROR, f"{type(exc).__name__}: {exc}")
+                ledger.record(job, Failed(now, ErrorCode.AUDIO_ERROR, f"{type(exc).__name__}: {exc}"))
+            ledger.record(job, PlaybackEnded(now))
         else:
-            report = task.result()
-            job.timeline.underruns = report.underruns
-            if report.first_sample_at is not None and job.timeline.first_sample_out is None:
-                job.timeline.first_sample_out = report.first_sample_at
-            job.timeline.last_sample_played = report.last_sample_at
-            job.timeline.played_ms = report.audio_ms
-        # Whatever the engine still holds for this utterance is no longer wanted.
-        job.cancelled = True
-        utterance.chunks.clear()
-        utterance.chunks.close()
-        dispatcher.complete(job)
-
-    @staticmethod
-    def _stopped_at(job: Job, now: float) -> None:
-        """Playback ended early: the audio heard is the time since the first sample, at most what
-        was synthesized (the sink plays in real time); nothing when no sample played."""
-        tl = job.timeline
-        if tl.first_sample_out is None:
-            tl.played_ms = 0.0
-            return
-        tl.last_sample_played = now
-        tl.played_ms = round(min(tl.audio_s, max(0.0, now - tl.first_sample_out)) * 1000.0, 1)
+            ledger.record(job, PlaybackEnded(now, task.result()))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import structlog
@@ -50,8 +49,10 @@ class MqttIntake:
             log.debug("message_ignored", topic=topic)
 
     def say(self, message: InMessage, origin: str) -> SayRequest:
-        received = time.monotonic()
-        parsed = parse_say(message.payload, self.rules, origin=origin, reply_to=message.reply_to, received_at=received)
+        # Latency counts from the moment the message came off the socket, not from here.
+        parsed = parse_say(
+            message.payload, self.rules, origin=origin, reply_to=message.reply_to, received_at=message.received_at
+        )
         if parsed.error is not None:
             log.debug(
                 "request_rejected",

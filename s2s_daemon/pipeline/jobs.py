@@ -1,4 +1,19 @@
-"""Request bookkeeping: admission, de-duplication, stop, and exactly one terminal event."""
+"""The ledger: the one owner of every request's state, from admission to its terminal event.
+
+Stages never touch a job. They report what happened with a typed event that carries its own
+monotonic time (``ledger.record(job, ChunkMade(at, seconds))``), and the ledger moves the job
+on, fills its timeline and tells ``JobEvents`` (MQTT's ``tts/started`` and ``tts/finished``,
+whose payloads and the latency event are built from the timeline alone). A stop is one
+mechanism: ``cancel`` sets the job's stop token, which the engine thread polls between frames
+and the playback stage awaits beside its sink; the stage that holds the job then reports how
+it ended, and that report is what ends the job.
+
+A request's life: ``submit`` (accepted) or ``reject``; ``take`` (dequeued, or expired);
+``SynthesisStarted``, ``ChunkMade`` (the first is the first chunk), ``SynthesisEnded``; ``OnSpeaker``;
+``FirstSample``;
+``PlaybackEnded`` (the terminal event of every request that reached a stage: played to the end,
+stopped, or failed, with what the sink reported) or ``Released`` (a stage let it go unplayed).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +22,11 @@ import collections
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
-from s2s_daemon.pipeline.messages import ErrorCode, RequestError, SayRequest, Status
+from s2s_daemon.pipeline.messages import ErrorCode, PlaybackReport, RequestError, SayRequest, Status
 from s2s_daemon.pipeline.queue import RequestQueue
 
 log = structlog.get_logger(__name__)
@@ -19,7 +34,7 @@ log = structlog.get_logger(__name__)
 
 @dataclass(slots=True)
 class Timeline:
-    """Monotonic timestamps (seconds) of one request, filled in as it moves."""
+    """Monotonic timestamps (seconds) of one request; written by the ledger only."""
 
     received: float
     dequeued: float | None = None
@@ -33,7 +48,7 @@ class Timeline:
     """Seconds of audio synthesized."""
     underruns: int = 0
     played_ms: float | None = None
-    """Milliseconds of audio the sink reported as played."""
+    """Milliseconds of audio delivered: the sink's report, or estimated when playback was stopped."""
 
 
 class Phase(enum.StrEnum):
@@ -45,9 +60,72 @@ class Phase(enum.StrEnum):
     DONE = "done"
 
 
+# -- what stages report --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisStarted:
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkMade:
+    """The engine yielded ``seconds`` of audio (the first one is the first chunk)."""
+
+    at: float
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisEnded:
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The engine or the audio output failed this request (it ends with status ``error``)."""
+
+    at: float
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class OnSpeaker:
+    """The speaker took the request: its audio plays next, in the room."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class FirstSample:
+    """The first sample left for the device (or the caller)."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class PlaybackEnded:
+    """The output is done with the request: ``report`` when it played to the end, None when it
+    was stopped or failed (the audio heard is then estimated from the first sample's time)."""
+
+    at: float
+    report: PlaybackReport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """A stage let the request go without playing it (it was stopped, or the daemon is stopping)."""
+
+    at: float
+
+
+StageEvent = SynthesisStarted | ChunkMade | SynthesisEnded | Failed | OnSpeaker | FirstSample | PlaybackEnded | Released
+
+
 @dataclass(slots=True, eq=False)
 class Job:
-    """A request being served; mutable, owned by the event loop."""
+    """A request being served. Its fields are the ledger's; stages read ``request`` and the stop token."""
 
     request: SayRequest
     timeline: Timeline
@@ -55,9 +133,11 @@ class Job:
     status: Status | None = None
     error: RequestError | None = None
     cancelled: bool = False
-    """Set once a stop reaches this job; polled by the engine thread between frames."""
-    play_task: asyncio.Task[Any] | None = None
+    """The stop token as a plain flag: polled by the engine thread between frames."""
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    """The stop token for the event loop: awaited by the playback stage beside its sink."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set with the terminal event."""
 
     def should_stop(self) -> bool:
         return self.cancelled
@@ -74,7 +154,7 @@ class JobEvents(Protocol):
 
 
 class Dispatcher:
-    """Admits requests into the queue and guarantees one ``finished`` per request id."""
+    """The ledger: admits requests into the queue and guarantees one ``finished`` per request id."""
 
     def __init__(self, queue: RequestQueue, events: JobEvents, dedup_window: int) -> None:
         self.queue = queue
@@ -85,7 +165,7 @@ class Dispatcher:
         self._dedup_window = dedup_window
         self.accepting = True
         self.current: Job | None = None
-        """The job whose audio is playing (or about to)."""
+        """The job whose audio is playing on the speaker (or about to)."""
 
     # -- admission ---------------------------------------------------------------------
 
@@ -121,67 +201,12 @@ class Dispatcher:
         self.events.state_changed()
         return job
 
-    # -- stopping ----------------------------------------------------------------------
-
-    def stop_current(self) -> bool:
-        """Interrupt the utterance being spoken (or synthesized for speaking next)."""
-        job = self.current
-        if job is None:
-            job = next((j for j in self.jobs.values() if j.phase is Phase.SYNTHESIZING), None)
-        if job is None:
-            return False
-        self.cancel(job, Status.INTERRUPTED)
-        return True
-
-    def stop_id(self, request_id: str) -> bool:
-        job = self.jobs.get(request_id)
-        if job is None:
-            return False
-        status = Status.CANCELLED if job.phase is Phase.QUEUED else Status.INTERRUPTED
-        self.cancel(job, status)
-        return True
-
-    def stop_all(self, status_queued: Status = Status.CANCELLED, error: RequestError | None = None) -> int:
-        """Stop the current utterance and empty the queue; returns how many were stopped."""
-        count = 0
-        for request in self.queue.drain():
-            job = self.jobs.get(request.id)
-            if job is not None:
-                self._terminate(job, status_queued, error)
-                count += 1
-        for job in list(self.jobs.values()):
-            self.cancel(job, Status.INTERRUPTED if job.phase is not Phase.QUEUED else status_queued)
-            count += 1
-        return count
-
-    def cancel(self, job: Job, status: Status) -> None:
-        """Stop ``job`` wherever it is; a playing job ends when its sink has flushed.
-
-        ``interrupted`` means some of it was heard: a job stopped before its first sample played
-        (queued, or still synthesizing) ends ``cancelled`` whatever stopped it.
-        """
-        if job.status is not None or job.phase is Phase.DONE:
-            return
-        if status is Status.INTERRUPTED and job.timeline.first_sample_out is None:
-            status = Status.CANCELLED
-        job.cancelled = True
-        if job.phase is Phase.QUEUED:
-            self.queue.remove(job.request.id)
-            self._terminate(job, status)
-            return
-        job.status = status
-        if job.play_task is not None and not job.play_task.done():
-            job.play_task.cancel()
-        self.events.state_changed()
-
-    # -- progress, called by the stages ------------------------------------------------
-
-    def take(self, request: SayRequest) -> Job | None:
-        """The TTS stage dequeued ``request``; None when it is no longer wanted."""
+    def take(self, request: SayRequest, at: float | None = None) -> Job | None:
+        """The TTS stage dequeued ``request``; its job, or None when it is no longer wanted."""
         job = self.jobs.get(request.id)
         if job is None or job.phase is not Phase.QUEUED:
             return None
-        now = time.monotonic()
+        now = time.monotonic() if at is None else at
         job.timeline.dequeued = now
         if request.ttl_ms is not None and (now - request.received_at) * 1000.0 > request.ttl_ms:
             self._terminate(job, Status.EXPIRED)
@@ -190,23 +215,137 @@ class Dispatcher:
         self.events.state_changed()
         return job
 
-    def first_sample(self, job: Job, at: float) -> None:
-        job.timeline.first_sample_out = at
-        job.phase = Phase.SPEAKING
-        self.events.started(job)
+    # -- stopping ----------------------------------------------------------------------
+
+    def stop_current(self) -> bool:
+        """Stop the utterance being spoken (or synthesized for speaking next)."""
+        job = self.current
+        if job is None:
+            job = next((j for j in self.jobs.values() if j.phase is Phase.SYNTHESIZING), None)
+        if job is None:
+            return False
+        self.cancel(job, Status.INTERRUPTED)
+        return True
+
+    def stop_speaking(self) -> str | None:
+        """Stop the utterance playing on the speaker (barge-in); its id, or None when none plays."""
+        job = self.current
+        if job is None or job.phase is not Phase.SPEAKING:
+            return None
+        self.cancel(job, Status.INTERRUPTED)
+        return job.request.id
+
+    def stop_id(self, request_id: str) -> bool:
+        job = self.jobs.get(request_id)
+        if job is None:
+            return False
+        self.cancel(job, Status.INTERRUPTED)
+        return True
+
+    def stop_all(self) -> int:
+        """Stop the current utterance and empty the queue; returns how many were stopped."""
+        count = 0
+        for request in self.queue.drain():
+            job = self.jobs.get(request.id)
+            if job is not None:
+                self._terminate(job, Status.CANCELLED)
+                count += 1
+        for job in list(self.jobs.values()):
+            self.cancel(job, Status.INTERRUPTED)
+            count += 1
+        return count
+
+    def cancel(self, job: Job, status: Status) -> None:
+        """Stop ``job`` wherever it is: the one way to stop a request.
+
+        A queued job ends at once. Otherwise its stop token is set and the stage holding it
+        reports how it ended (``PlaybackEnded`` or ``Released``). ``interrupted`` means some of
+        it was heard: a job stopped before its first sample played ends ``cancelled``.
+        """
+        if job.status is not None or job.phase is Phase.DONE:
+            return
+        if status is Status.INTERRUPTED and job.timeline.first_sample_out is None:
+            status = Status.CANCELLED
+        self._stop(job)
+        if job.phase is Phase.QUEUED:
+            self.queue.remove(job.request.id)
+            self._terminate(job, status)
+            return
+        job.status = status
         self.events.state_changed()
 
-    def fail(self, job: Job, code: ErrorCode, message: str) -> None:
-        """Record a per-request failure; the request ends with status ``error``."""
-        if job.error is None:
-            job.error = RequestError(code, message)
-        if job.status is None:
-            job.status = Status.ERROR
-        job.cancelled = True
+    def close(self) -> list[Job]:
+        """Stop accepting and cancel every queued request (the drain's first step)."""
+        self.accepting = False
+        cancelled = []
+        for request in self.queue.drain():
+            job = self.jobs.get(request.id)
+            if job is not None:
+                self.cancel(job, Status.CANCELLED)
+                cancelled.append(job)
+        self.queue.close()
+        return cancelled
 
-    def complete(self, job: Job) -> None:
-        """The job's playback ended (normally, stopped, or failed)."""
-        self._terminate(job, job.status or Status.COMPLETED, job.error)
+    def abandon(self, error: RequestError) -> None:
+        """The stages are gone (shutdown): end every job still open, with ``error``."""
+        for job in list(self.jobs.values()):
+            self.cancel(job, Status.INTERRUPTED)
+            if job.phase is not Phase.DONE:
+                self._terminate(job, job.status or Status.INTERRUPTED, job.error or error)
+
+    @staticmethod
+    def _stop(job: Job) -> None:
+        job.cancelled = True
+        job.stopped.set()
+
+    # -- what the stages report ------------------------------------------------------------
+
+    def record(self, job: Job, event: StageEvent) -> None:
+        """Move ``job`` on by what a stage saw; ignored once the job has ended."""
+        if job.phase is Phase.DONE:
+            return
+        tl = job.timeline
+        match event:
+            case SynthesisStarted(at):
+                tl.synth_started = at
+            case ChunkMade(at, seconds):
+                if tl.first_chunk is None:
+                    tl.first_chunk = at
+                tl.chunks += 1
+                tl.audio_s += seconds
+            case SynthesisEnded(at):
+                tl.synth_done = at
+            case Failed(_, code, message):
+                job.error = job.error or RequestError(code, message)
+                job.status = job.status or Status.ERROR
+                job.cancelled = True  # the engine stops; what was already made still plays
+            case OnSpeaker(_):
+                self.current = job
+            case FirstSample(at):
+                if tl.first_sample_out is None:
+                    tl.first_sample_out = at
+                    job.phase = Phase.SPEAKING
+                    self.events.started(job)
+                    self.events.state_changed()
+            case PlaybackEnded(at, report):
+                self._ended(job, at, report)
+            case Released(_):
+                self._terminate(job, job.status or Status.CANCELLED)
+
+    def _ended(self, job: Job, at: float, report: PlaybackReport | None) -> None:
+        tl = job.timeline
+        if report is not None:
+            tl.underruns = report.underruns
+            if report.first_sample_at is not None and tl.first_sample_out is None:
+                tl.first_sample_out = report.first_sample_at
+            tl.last_sample_played = report.last_sample_at
+            tl.played_ms = report.audio_ms
+        elif tl.first_sample_out is None:
+            tl.played_ms = 0.0
+        else:  # stopped or failed while playing: it played in real time since the first sample
+            tl.last_sample_played = at
+            tl.played_ms = round(min(tl.audio_s, max(0.0, at - tl.first_sample_out)) * 1000.0, 1)
+        self._terminate(job, job.status or Status.COMPLETED)
 
     def _terminate(self, job: Job, status: Status, error: RequestError | None = None) -> None:
         if job.phase is Phase.DONE:
@@ -214,7 +353,7 @@ class Dispatcher:
         job.phase = Phase.DONE
         job.status = status
         job.error = error if error is not None else job.error
-        job.cancelled = True
+        self._stop(job)
         if self.jobs.get(job.request.id) is job:
             del self.jobs[job.request.id]
         if self.current is job:

@@ -11,7 +11,7 @@ import numpy as np
 import structlog
 
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.jobs import ChunkMade, Dispatcher, Failed, Job, Released, SynthesisEnded, SynthesisStarted
 from s2s_daemon.pipeline.messages import ErrorCode, Utterance
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.tts.engine import EngineError, EngineInfo, SynthesisRequest
@@ -67,14 +67,14 @@ class TtsStage:
 
     async def _synthesize(self, job: Job) -> None:
         request = job.request
+        ledger = self.dispatcher
         chunks: Channel[np.ndarray] = Channel(CHUNK_BUFFER, Overflow.BLOCK, f"chunks.{request.id}")
         utterance = Utterance(request, self.info.sample_rate, chunks)
         try:
             await self.utterances.put(utterance)
         except ChannelClosed:
-            self.dispatcher.complete(job)
+            ledger.record(job, Released(time.monotonic()))
             return
-        timeline = job.timeline
         synth = dataclasses.replace(
             self.template,
             text=request.text,
@@ -83,27 +83,24 @@ class TtsStage:
             instruct=request.instruct,
             chunk_frames=self.chunk_frames,
         )
-        timeline.synth_started = time.monotonic()
+        ledger.record(job, SynthesisStarted(time.monotonic()))
         log.debug("synthesis_started", chars=len(request.text))
         try:
             async for chunk in self.worker.stream(synth, job.should_stop):
-                if job.cancelled:
+                if job.should_stop():
                     break
-                if timeline.first_chunk is None:
-                    timeline.first_chunk = time.monotonic()
-                timeline.chunks += 1
-                timeline.audio_s += len(chunk) / self.info.sample_rate
+                ledger.record(job, ChunkMade(time.monotonic(), len(chunk) / self.info.sample_rate))
                 try:
                     await chunks.put(chunk)
                 except ChannelClosed:  # playback ended early (stop, device error)
                     break
         except EngineError as exc:
             log.warning("synthesis_failed", code=exc.code, error=str(exc))
-            self.dispatcher.fail(job, ErrorCode.parse(exc.code), str(exc))
+            ledger.record(job, Failed(time.monotonic(), ErrorCode.parse(exc.code), str(exc)))
         except (RuntimeError, ValueError, MemoryError, OSError) as exc:
             # Backend failures surface as these from torch/mlx/numpy: per-request, not fatal.
             log.exception("synthesis_crashed")
-            self.dispatcher.fail(job, ErrorCode.ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
+            ledger.record(job, Failed(time.monotonic(), ErrorCode.ENGINE_ERROR, f"{type(exc).__name__}: {exc}"))
         finally:
-            timeline.synth_done = time.monotonic()
+            ledger.record(job, SynthesisEnded(time.monotonic()))
             chunks.close()

@@ -15,24 +15,6 @@ from s2s_daemon.tts.engine import DeviceMemory, EngineInfo, Samples, SynthesisRe
 T = TypeVar("T")
 
 
-class Generation:
-    """A cancel scope: bumping the counter stops whatever was started under an older value.
-
-    Read from the engine thread without a lock: an int read is atomic in CPython.
-    """
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def bump(self) -> int:
-        self.value += 1
-        return self.value
-
-    def stopper(self) -> Callable[[], bool]:
-        started = self.value
-        return lambda: self.value != started
-
-
 class EngineThread(concurrent.futures.Executor):
     """One daemon thread that runs submitted calls in order.
 
