@@ -324,8 +324,12 @@ def test_encoder_codes_equal_official() -> None:
 
 
 def test_speaker_mel_and_embedding_match_official() -> None:
-    """Log-mel front end within 1e-4 of the official (librosa filters); embedding cosine > 0.9999 and
-    within 1e-4 (measured: 1.4e-6 on a vector of norm 18.5)."""
+    """Log-mel front end as the official's (librosa filters); embedding cosine > 0.9999 and within
+    1e-4 (measured: 1.4e-6 on a vector of norm 18.5 with AVX2, 3.3e-6 with AVX-512).
+
+    The mel is compared as energies: MKL's FFT rounds differently on AVX-512 and AVX2 CPUs, and
+    near the 1e-5 floor the log turns a 2.5e-8 difference into 2e-3 (measured on an AVX-512 Xeon).
+    """
     from s2s_daemon.tts.torch_qwen3.speaker_encoder import SpeakerEncoder, log_mel_spectrogram
 
     gold = _golden("ref_audio")
@@ -333,7 +337,9 @@ def test_speaker_mel_and_embedding_match_official() -> None:
     wav = _ref_wav()
     mel = log_mel_spectrogram(wav, spk.mel_filters)
     assert mel.shape == gold["speaker_mel"].shape == (367, 128)
-    assert (mel - gold["speaker_mel"]).abs().max() < 1e-4
+    torch.testing.assert_close(mel.exp(), gold["speaker_mel"].exp(), rtol=1e-3, atol=1e-6)
+    loud = gold["speaker_mel"] > -5.0  # energy above 7e-3: the log no longer amplifies rounding
+    assert loud.sum() > 1000 and (mel - gold["speaker_mel"])[loud].abs().max() < 1e-4
     emb = spk.embed(wav)
     ref = gold["speaker_embedding"]
     assert emb.shape == ref.shape == (64,)
