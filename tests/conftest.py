@@ -4,11 +4,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from tests.support.broker import Mosquitto
 from tests.support.tone_engine import register
 
 register()
+
+
+@pytest.fixture(autouse=True)
+def _structlog_defaults() -> Iterator[None]:
+    """A test that runs the CLI in-process configures logging (``warning`` and up): later tests
+    that capture ``info`` events would see nothing. Every test starts from structlog's defaults."""
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture
