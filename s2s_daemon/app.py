@@ -9,7 +9,6 @@ import signal
 import sys
 from typing import Any
 
-import aiomqtt
 import structlog
 
 from s2s_daemon.audio.playback import PlaybackStage
@@ -19,11 +18,13 @@ from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError, UnavailableErr
 from s2s_daemon.events.discovery import HaDiscovery
 from s2s_daemon.events.memory import memory_payload
 from s2s_daemon.events.publisher import MqttEvents, now_ms
-from s2s_daemon.intake.broker import EmbeddedBroker
 from s2s_daemon.intake.handler import MqttIntake
-from s2s_daemon.intake.mqtt import MqttLink, OutMessage
 from s2s_daemon.intake.schemas import IntakeRules
-from s2s_daemon.intake.topics import Topics
+from s2s_daemon.mqtt.broker import EmbeddedBroker
+from s2s_daemon.mqtt.connection import MqttProtocol
+from s2s_daemon.mqtt.link import MqttLink
+from s2s_daemon.mqtt.messages import OutMessage
+from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.notify import SystemdNotifier
 from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher
@@ -231,7 +232,7 @@ class Daemon:
             intake.handle,
             on_connect,
             # amqtt speaks 3.1.1 only and stalls on a v5 CONNECT instead of refusing it.
-            protocol=aiomqtt.ProtocolVersion.V311 if cfg.mqtt.broker == "embedded" else None,
+            protocol=MqttProtocol.V311 if cfg.mqtt.broker == "embedded" else None,
             subscriptions=discovery.subscriptions(),
         )
         link.prepare()

@@ -22,7 +22,7 @@ from s2s_daemon import cli
 from s2s_daemon.config import load_config
 from s2s_daemon.errors import ConfigError
 from s2s_daemon.events.discovery import config_payloads, node_id
-from s2s_daemon.intake.topics import Topics
+from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.service import ServiceCommand
 from s2s_daemon.tts.engine import EngineInfo
 from tests.support.broker import Mosquitto

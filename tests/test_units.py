@@ -14,7 +14,7 @@ import s2s_daemon
 from s2s_daemon.config import load_config
 from s2s_daemon.errors import ConfigError
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
-from s2s_daemon.intake.topics import Topics
+from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, ChannelFull, Overflow
 from s2s_daemon.pipeline.jobs import (
     ChunkMade,

@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import re
-import ssl
+import secrets
 
-import aiomqtt
 import structlog
 
 from s2s_daemon import __version__
-from s2s_daemon.config import DaemonConfig, HaConfig, MqttConfig
-from s2s_daemon.errors import ConfigError, UnavailableError
+from s2s_daemon.config import DaemonConfig, HaConfig
+from s2s_daemon.errors import UnavailableError
 from s2s_daemon.events.publisher import dumps
-from s2s_daemon.intake.mqtt import OutMessage
-from s2s_daemon.intake.topics import Topics, ha_birth, ha_config
+from s2s_daemon.mqtt.connection import ConnectOptions, MqttError, MqttProtocol, publish_all, read_password, tls_context
+from s2s_daemon.mqtt.messages import OutMessage
+from s2s_daemon.mqtt.topics import Topics, ha_birth, ha_config
 from s2s_daemon.tts.engine import EngineInfo
 
 log = structlog.get_logger(__name__)
@@ -187,30 +187,6 @@ class HaDiscovery:
 # -- removal from the command line ---------------------------------------------------------
 
 
-def _tls_context(mqtt: MqttConfig) -> ssl.SSLContext | None:
-    tls = mqtt.tls
-    if tls is None:
-        return None
-    try:
-        context = ssl.create_default_context(cafile=str(tls.ca_file) if tls.ca_file else None)
-        if tls.cert_file is not None:
-            context.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"mqtt.tls: {exc}") from exc
-    if tls.insecure:
-        context.check_hostname = False
-    return context
-
-
-def _password(mqtt: MqttConfig) -> str | None:
-    if mqtt.password_file is None:
-        return None
-    try:
-        return mqtt.password_file.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"mqtt.password_file: cannot read {mqtt.password_file}: {exc}") from exc
-
-
 async def remove_discovery(config: DaemonConfig, timeout_s: float = REMOVE_TIMEOUT_S) -> list[str]:
     """Clear this site's retained discovery configs on the configured broker; the topics cleared.
 
@@ -220,20 +196,19 @@ async def remove_discovery(config: DaemonConfig, timeout_s: float = REMOVE_TIMEO
     mqtt = config.mqtt
     topics = Topics(mqtt.topic_prefix, config.site_id)
     messages = removal_messages(config.ha.prefix, topics)
-    client = aiomqtt.Client(
+    options = ConnectOptions(
         mqtt.host,
         mqtt.port,
+        f"s2s-ha-remove-{secrets.token_hex(4)}",
+        MqttProtocol.V311,
         username=mqtt.username,
-        password=_password(mqtt),
-        protocol=aiomqtt.ProtocolVersion.V311,
-        tls_context=_tls_context(mqtt),
-        timeout=timeout_s,
+        password=read_password(mqtt),
+        tls=tls_context(mqtt.tls),
     )
     try:
-        async with asyncio.timeout(timeout_s), client:
-            for message in messages:
-                await client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain)
-    except (aiomqtt.MqttError, TimeoutError) as exc:
+        async with asyncio.timeout(timeout_s):
+            await publish_all(options, messages)
+    except (MqttError, TimeoutError) as exc:
         raise UnavailableError(
             f"mqtt {mqtt.host}:{mqtt.port}: cannot remove the Home Assistant entities: {exc or 'timed out'}"
         ) from exc

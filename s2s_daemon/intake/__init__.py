@@ -1,1 +1,1 @@
-"""MQTT intake: topics, payload schemas, the client link, the Hermes bridge, the embedded broker."""
+"""Intake: payload schemas and the MQTT message handler (say, stop, pool, Hermes); the link is s2s_daemon.mqtt."""

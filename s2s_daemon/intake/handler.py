@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import structlog
 
-from s2s_daemon.intake.mqtt import InMessage
 from s2s_daemon.intake.schemas import IntakeRules, StopPayload, decode_json_object, parse_say
-from s2s_daemon.intake.topics import HERMES_SAY, Topics
+from s2s_daemon.mqtt.messages import InMessage
+from s2s_daemon.mqtt.topics import HERMES_SAY, Topics
 from s2s_daemon.pipeline.jobs import Dispatcher
 from s2s_daemon.pipeline.messages import SayRequest
 

@@ -1,0 +1,61 @@
+"""What the link sends and receives, and the acknowledgement a received message owes the broker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from s2s_daemon.pipeline.messages import ReplyTo
+
+
+@dataclass(frozen=True, slots=True)
+class OutMessage:
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool = False
+    correlation_data: bytes | None = None
+    """MQTT v5 Correlation Data echoed on a response topic."""
+
+
+class Receipt:
+    """The PUBACK a received QoS 1 message owes the broker, released by ``ack()`` (once).
+
+    Releasing does not send at once: the link sends acknowledgements in the order the
+    PUBLISHes came, so a receipt acknowledged early waits for the ones before it.
+    """
+
+    __slots__ = ("_release", "acked", "mid", "qos")
+
+    def __init__(self, mid: int, qos: int, release: Callable[[], None]) -> None:
+        self.mid = mid
+        """The packet identifier of the PUBLISH on the connection it came over."""
+        self.qos = qos
+        self.acked = False
+        self._release = release
+
+    def ack(self) -> None:
+        if not self.acked:
+            self.acked = True
+            self._release()
+
+
+@dataclass(frozen=True, slots=True)
+class InMessage:
+    topic: str
+    payload: bytes
+    reply_to: ReplyTo | None
+    received_at: float
+    """Monotonic seconds when the message came off the socket."""
+    receipt: Receipt | None = None
+    """The acknowledgement still owed for a QoS 1 message; None for QoS 0."""
+
+    def ack(self) -> None:
+        """Let the broker forget this message (a PUBACK, in arrival order); idempotent.
+
+        Until then a persistent session redelivers it after a reconnect. A no-op for QoS 0
+        and for a message whose connection has ended (the broker will redeliver it). Call it
+        on the event loop's thread.
+        """
+        if self.receipt is not None:
+            self.receipt.ack()
