@@ -18,6 +18,7 @@ from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError, UnavailableErr
 from s2s_daemon.events.discovery import HaDiscovery
 from s2s_daemon.events.memory import memory_payload
 from s2s_daemon.events.publisher import MqttEvents, now_ms
+from s2s_daemon.http import open_http_server, require_http_extra
 from s2s_daemon.intake.handler import MqttIntake
 from s2s_daemon.intake.schemas import IntakeRules
 from s2s_daemon.mqtt.broker import EmbeddedBroker
@@ -157,6 +158,7 @@ class Daemon:
         cfg = self.config
         log.info("starting", site_id=cfg.site_id, engine=cfg.tts.engine, model=cfg.tts.model)
         broker: EmbeddedBroker | None = None
+        require_http_extra(cfg.http)  # exit 69 before the model loads
         worker, info = await load_engine(cfg)
         sink: AudioSink | None = None
         try:
@@ -236,6 +238,7 @@ class Daemon:
             subscriptions=discovery.subscriptions(),
         )
         link.prepare()
+        http = await open_http_server(cfg.http, dispatcher, rules, info)  # listening (port taken: 69); None when off
 
         vad_gate = VadGate(cfg.vad.max_wait_s)
         vad_stage = await self._open_vad(dispatcher, events, vad_gate)
@@ -254,6 +257,8 @@ class Daemon:
                 helpers.append(tg.create_task(self._watchdog(), name="s2s.watchdog"))
             if vad_stage is not None:
                 helpers.append(tg.create_task(vad_stage.run(), name="s2s.vad"))
+            if http is not None:  # cancelled after the drain: closes, letting responses being written end
+                helpers.append(tg.create_task(http.serve(), name="s2s.http"))
             self.notifier.ready(f"ready: {info.engine} {info.model} on {info.device}")
             log.info("ready", engine=info.engine, model=info.model, device=info.device, voices=len(info.voices))
             await self._stop.wait()

@@ -189,6 +189,20 @@ class HaConfig(Section):
         return value
 
 
+class HttpConfig(Section):
+    """The OpenAI-compatible speech API (``POST /v1/audio/speech``); needs the ``http`` extra."""
+
+    enabled: bool = False
+    host: str = Field("127.0.0.1", min_length=1)
+    """Loopback by default; ``0.0.0.0`` (or ``::``) serves the network: set ``api_key_file`` then."""
+    port: int = Field(5050, ge=1, le=65535)
+    """Not 8000/8080/8880: the ports of the LLM and TTS servers that often run beside it."""
+    api_key_file: Path | None = None
+    """File holding the bearer token clients must send (``Authorization: Bearer ...``); none: open."""
+    max_body_bytes: int = Field(1_048_576, ge=1024, le=64 * 1_048_576)
+    """Larger request bodies are refused (413)."""
+
+
 class DaemonConfig(Section):
     site_id: str = Field("default", min_length=1)
     mqtt: MqttConfig = MqttConfig()
@@ -200,6 +214,7 @@ class DaemonConfig(Section):
     log: LogConfig = LogConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     ha: HaConfig = HaConfig()
+    http: HttpConfig = HttpConfig()
 
     @field_validator("site_id")
     @classmethod

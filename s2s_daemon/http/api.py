@@ -1,0 +1,158 @@
+"""The speech API's edge: OpenAI's request fields validated, our requests' outcomes as OpenAI's
+error JSON ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+
+from s2s_daemon.http.encoders import FORMATS
+from s2s_daemon.intake.schemas import IntakeRules, decode_json_object
+from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
+
+OPENAI_VOICES = frozenset(
+    {"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer", "verse"}
+)
+"""OpenAI's built-in voices: clients send them by default (Open WebUI: ``alloy``); they speak with
+``tts.voice``. Any other name that is not one of the model's speakers is ``unknown_voice``."""
+MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+"""Listed by ``/v1/models`` beside the daemon's model; ``model`` itself is accepted and ignored."""
+SPEED_RANGE = (0.25, 4.0)
+STREAM_FORMATS = ("audio", "sse")
+PARAM_OF_CODE = {
+    ErrorCode.EMPTY_TEXT: "input",
+    ErrorCode.TEXT_TOO_LONG: "input",
+    ErrorCode.BAD_PAYLOAD: "input",
+    ErrorCode.UNKNOWN_VOICE: "voice",
+    ErrorCode.UNSUPPORTED_LANGUAGE: "language",
+}
+
+
+class ApiError(Exception):
+    """An error answer; ``retry`` sets the OpenAI SDK's ``x-should-retry`` (None: its default)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        retry: bool | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code
+        self.param = param
+        self.headers = dict(headers or {})
+        if retry is not None:
+            self.headers["x-should-retry"] = "true" if retry else "false"
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class VoiceRef(BaseModel):
+    """OpenAI's custom-voice object ``{"id": ...}``; the id names one of our voices."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: StrictStr
+
+
+class SpeechPayload(BaseModel):
+    """``POST /v1/audio/speech``: OpenAI's fields, and ``language`` (ours). Unknown keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model: StrictStr | None = None
+    """Accepted and ignored: the daemon serves the one model it loaded."""
+    input: StrictStr
+    voice: StrictStr | VoiceRef | None = None
+    instructions: StrictStr | None = None
+    """The request's ``instruct`` (style for CustomVoice, description for VoiceDesign)."""
+    response_format: StrictStr = "mp3"
+    speed: float = Field(1.0, allow_inf_nan=False)
+    stream_format: StrictStr = "audio"
+    language: StrictStr | None = None
+    """Ours: ``auto``, the model's names or codes (``en``, ``de-DE``); default ``tts.language``."""
+
+    def voice_name(self) -> str | None:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+
+def parse_speech(body: bytes) -> SpeechPayload:
+    """The request body as a speech request whose format and speed the daemon can serve."""
+    data, why = decode_json_object(body)
+    if data is None:
+        raise ApiError(400, f"request body: {why}", code=ErrorCode.BAD_PAYLOAD.value)
+    try:
+        speech = SpeechPayload.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        raise ApiError(400, f"{param}: {err['msg']}", code=ErrorCode.BAD_PAYLOAD.value, param=param) from exc
+    fmt = speech.response_format.lower()
+    if fmt not in FORMATS:
+        why = "needs an AAC encoder (FFmpeg), which this daemon does not ship" if fmt == "aac" else "is unknown"
+        raise ApiError(
+            400,
+            f"response_format {speech.response_format!r} {why}; choose one of {', '.join(FORMATS)}",
+            code="unsupported_response_format",
+            param="response_format",
+        )
+    if speech.stream_format not in STREAM_FORMATS:
+        raise ApiError(
+            400, f"stream_format must be one of {', '.join(STREAM_FORMATS)}", code="bad_payload", param="stream_format"
+        )
+    low, high = SPEED_RANGE
+    if not low <= speech.speed <= high:
+        raise ApiError(400, f"speed must be between {low} and {high}", code="bad_payload", param="speed")
+    if abs(speech.speed - 1.0) > 1e-6:
+        raise ApiError(
+            400,
+            f"speed {speech.speed}: this model speaks at its own pace; only 1.0 is supported",
+            code="unsupported_speed",
+            param="speed",
+        )
+    return speech.model_copy(update={"response_format": fmt})
+
+
+def say_payload(speech: SpeechPayload, rules: IntakeRules) -> bytes:
+    """The say request (MQTT's JSON) for ``speech``, to be checked by the same rules as MQTT's."""
+    voice = speech.voice_name()
+    if voice is not None and voice.strip():
+        ours = {v.lower() for v in rules.voices}
+        if voice.strip().lower() not in ours and voice.strip().lower() in OPENAI_VOICES:
+            voice = None  # an OpenAI voice name: the default voice
+    say: dict[str, Any] = {"text": speech.input, "voice": voice, "language": speech.language}
+    if speech.instructions is not None:
+        say["instruct"] = speech.instructions
+    return json.dumps(say).encode()
+
+
+def invalid_request(error: RequestError) -> ApiError:
+    """A say request the intake rules rejected (text, voice, language)."""
+    return ApiError(400, error.message, code=error.code.value, param=PARAM_OF_CODE.get(error.code))
+
+
+def unanswered(status: Status | None, error: RequestError | None, accepting: bool) -> ApiError:
+    """A request that ended without audio: rejected at admission, stopped while queued, or failed."""
+    code = error.code if error is not None else None
+    message = error.message if error is not None else f"the request ended {status} before any audio was made"
+    if code is ErrorCode.QUEUE_FULL:
+        return ApiError(429, message, kind="rate_limit_error", code=code.value, headers={"Retry-After": "1"})
+    if code is ErrorCode.SHUTTING_DOWN or (code is None and not accepting):
+        return ApiError(503, message, kind="server_error", code=ErrorCode.SHUTTING_DOWN.value)
+    if code in (ErrorCode.ENGINE_ERROR, ErrorCode.AUDIO_ERROR):
+        return ApiError(500, message, kind="server_error", code=code.value if code else None, retry=False)
+    if code is not None:
+        return invalid_request(error) if error is not None else ApiError(400, message)
+    # Stopped while it waited (tts/stop on MQTT) or expired: not the client's fault, not to retry.
+    return ApiError(409, message, code=str(status) if status is not None else None, retry=False)

@@ -1,0 +1,365 @@
+"""The speech API's aiohttp server, in the daemon's event loop (task ``s2s.http``).
+
+A speech request becomes a say request like MQTT's (same rules, queue, engine and ledger, origin
+``http``) whose audio goes back to the caller (``CallerStream``) instead of the speaker. Bytes go
+out as they are synthesized; a client that disconnects stops its synthesis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import dataclasses
+import hmac
+import ipaddress
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from s2s_daemon.audio.stream import CallerStream
+from s2s_daemon.config import HttpConfig
+from s2s_daemon.errors import ConfigError, UnavailableError
+from s2s_daemon.http.api import (
+    MODEL_ALIASES,
+    ApiError,
+    SpeechPayload,
+    invalid_request,
+    parse_speech,
+    say_payload,
+    unanswered,
+)
+from s2s_daemon.http.encoders import CONTENT_TYPES, AudioEncoder, encoder_factory
+from s2s_daemon.intake.schemas import IntakeRules, parse_say
+from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.messages import Status
+from s2s_daemon.tts.engine import EngineError, EngineInfo, Samples
+from s2s_daemon.tts.text import match_voice
+
+log = structlog.get_logger(__name__)
+
+CLOSE_TIMEOUT_S = 5.0
+"""After the drain: longest wait for responses still being written before they are cancelled."""
+FRAMES_PER_S = 12.5
+"""Codec frames per second of audio: ``usage.output_tokens`` of the SSE ``speech.audio.done``."""
+ENCODER_THREADS = 2
+FIRST_SLICE_S = 0.08
+"""Seconds of a response's first chunk that a costly encoder (mp3, opus) encodes and sends alone."""
+OPEN_PATHS = frozenset({"/health"})
+"""Served without the bearer token (probes)."""
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json_error(exc: ApiError) -> web.Response:
+    return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+
+
+def _from_http_exception(exc: web.HTTPException, request: web.Request, max_body_bytes: int) -> ApiError:
+    if exc.status == 404:
+        return ApiError(404, f"no such endpoint: {request.method} {request.path}", code="not_found")
+    if exc.status == 405:
+        allow = exc.headers.get("Allow", "")
+        return ApiError(
+            405,
+            f"{request.method} is not allowed on {request.path} (allowed: {allow})",
+            code="method_not_allowed",
+            headers={"Allow": allow},
+        )
+    if exc.status == 413:
+        return ApiError(413, f"request body is larger than {max_body_bytes} bytes", code="request_too_large")
+    return ApiError(exc.status, exc.reason, code=None)
+
+
+class ThreadedEncoder:
+    """Runs a costly encoder on the server's threads, one call at a time; closes it only when idle."""
+
+    def __init__(self, encoder: AudioEncoder, executor: concurrent.futures.Executor) -> None:
+        self.encoder = encoder
+        self._executor = executor
+        self._pending: concurrent.futures.Future[bytes] | None = None
+
+    async def _call(self, fn: Callable[..., bytes], *args: Any) -> bytes:
+        if not self.encoder.blocking:
+            return fn(*args)
+        self._pending = self._executor.submit(fn, *args)
+        return await asyncio.wrap_future(self._pending)
+
+    async def encode(self, samples: Samples) -> bytes:
+        return await self._call(self.encoder.encode, samples)
+
+    async def finish(self) -> bytes:
+        return await self._call(self.encoder.finish)
+
+    def close(self) -> None:
+        pending = self._pending
+        if pending is not None and not pending.done():  # cancelled mid-call: close after it
+            pending.add_done_callback(lambda _: self.encoder.close())
+        else:
+            self.encoder.close()
+
+
+class HttpSpeechServer:
+    """``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/audio/voices``, ``GET /health``.
+
+    The constructor does no I/O; ``start`` reads the key and listens, ``serve`` runs until it is
+    cancelled (the daemon's drain, after the queue is answered), then closes.
+    """
+
+    def __init__(self, config: HttpConfig, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo) -> None:
+        self.config = config
+        self.dispatcher = dispatcher
+        self.rules = rules
+        self.info = info
+        self.port: int | None = None
+        """The port listened on, once started."""
+        self._api_key: str | None = None
+        self._runner: web.AppRunner | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._created = int(time.time())
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def _read_api_key(self) -> str | None:
+        path = self.config.api_key_file
+        if path is None:
+            return None
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"http.api_key_file: cannot read {path}: {exc}") from exc
+        if not key:
+            raise ConfigError(f"http.api_key_file: {path} is empty")
+        return key
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._middleware()])
+        app.router.add_post("/v1/audio/speech", self._speech)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model:.+}", self._model)
+        app.router.add_get("/v1/audio/voices", self._voices)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def start(self) -> None:
+        cfg = self.config
+        self._api_key = self._read_api_key()
+        runner = web.AppRunner(
+            self.app(),
+            handle_signals=False,  # the daemon owns SIGTERM/SIGINT
+            access_log=None,  # one structured event per speech response instead
+            handler_cancellation=True,  # a client that goes away cancels its handler: synthesis stops
+            shutdown_timeout=CLOSE_TIMEOUT_S,
+        )
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, cfg.host, cfg.port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise UnavailableError(f"http: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}") from exc
+        self._runner = runner
+        self._executor = concurrent.futures.ThreadPoolExecutor(ENCODER_THREADS, thread_name_prefix="s2s.http.encode")
+        self.port = int(runner.addresses[0][1])
+        log.info("http_listening", host=cfg.host, port=self.port, auth=self._api_key is not None)
+        if self._api_key is None and not _is_loopback(cfg.host):
+            log.warning("http_without_api_key", host=cfg.host, hint="set http.api_key_file")
+
+    async def serve(self) -> None:
+        """Serve until cancelled; then stop listening, let responses being written finish (at most
+        ``CLOSE_TIMEOUT_S``) and cancel the rest."""
+        try:
+            await asyncio.get_running_loop().create_future()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+            log.info("http_closed")
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    # -- middleware: OpenAI's error JSON, the bearer token ------------------------------
+
+    def _middleware(self) -> Any:
+        max_body = self.config.max_body_bytes
+
+        @web.middleware
+        async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+            try:
+                if request.path not in OPEN_PATHS:
+                    self._authorize(request)
+                return await handler(request)
+            except ApiError as exc:
+                return _json_error(exc)
+            except web.HTTPException as exc:
+                if exc.status < 400:
+                    raise
+                return _json_error(_from_http_exception(exc, request, max_body))
+
+        return middleware
+
+    def _authorize(self, request: web.Request) -> None:
+        if self._api_key is None:
+            return
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(
+                401, "missing bearer token (Authorization: Bearer <key>)", code="invalid_api_key", headers=_BEARER
+            )
+        if not hmac.compare_digest(token.strip().encode(), self._api_key.encode()):
+            raise ApiError(401, "incorrect API key", code="invalid_api_key", headers=_BEARER)
+
+    # -- small endpoints ---------------------------------------------------------------
+
+    def _model_object(self, model_id: str) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": self._created, "owned_by": "s2s-daemon"}
+
+    async def _models(self, request: web.Request) -> web.Response:
+        ids = [self.info.model, *(a for a in MODEL_ALIASES if a != self.info.model)]
+        return web.json_response({"object": "list", "data": [self._model_object(i) for i in ids]})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        model_id = request.match_info["model"]
+        if model_id != self.info.model and model_id not in MODEL_ALIASES:
+            raise ApiError(404, f"model {model_id!r} does not exist", code="model_not_found", param="model")
+        return web.json_response(self._model_object(model_id))
+
+    async def _voices(self, request: web.Request) -> web.Response:
+        try:
+            default = match_voice(None, self.info.voices, self.rules.default_voice)
+        except EngineError:
+            default = None
+        return web.json_response(
+            {
+                "voices": [{"id": v, "name": v} for v in self.info.voices],
+                "default": default,
+                "languages": list(self.info.languages),
+            }
+        )
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if not self.dispatcher.accepting:
+            return web.json_response({"status": "draining"}, status=503)
+        return web.json_response({"status": "ok"})
+
+    # -- speech ------------------------------------------------------------------------
+
+    async def _speech(self, request: web.Request) -> web.StreamResponse:
+        received = time.monotonic()
+        speech = parse_speech(await request.read())
+        parsed = parse_say(say_payload(speech, self.rules), self.rules, origin="http", received_at=received)
+        if parsed.error is not None:
+            self.dispatcher.reject(parsed.request, parsed.error.code, parsed.error.message)
+            raise invalid_request(parsed.error)
+        stream = CallerStream()
+        job = self.dispatcher.submit(dataclasses.replace(parsed.request, output=stream))
+        with structlog.contextvars.bound_contextvars(request_id=job.request.id):
+            return await self._respond(request, speech, job, stream)
+
+    async def _respond(
+        self, request: web.Request, speech: SpeechPayload, job: Job, stream: CallerStream
+    ) -> web.StreamResponse:
+        sse = speech.stream_format == "sse"
+        response: web.StreamResponse | None = None
+        encoder: ThreadedEncoder | None = None
+        sent = 0
+
+        async def begin() -> tuple[web.StreamResponse, ThreadedEncoder]:
+            assert self._executor is not None
+            rate = stream.sample_rate or self.info.sample_rate
+            enc = ThreadedEncoder(encoder_factory(speech.response_format)(rate), self._executor)
+            headers = {
+                "Content-Type": "text/event-stream" if sse else CONTENT_TYPES[speech.response_format],
+                "X-Request-Id": job.request.id,
+                "Cache-Control": "no-cache",
+            }
+            resp = web.StreamResponse(status=200, headers=headers)
+            await resp.prepare(request)
+            return resp, enc
+
+        async def send(data: bytes) -> None:
+            nonlocal sent
+            if not data:
+                return
+            sent += len(data)
+            if sse:
+                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
+                data = b"data: " + json.dumps(event).encode() + b"\n\n"
+            assert response is not None
+            await response.write(data)
+
+        try:
+            async for chunk in stream.chunks(job.done):
+                head = b""
+                if response is None or encoder is None:
+                    response, encoder = await begin()
+                    head = encoder.encoder.header()
+                    first = round((stream.sample_rate or self.info.sample_rate) * FIRST_SLICE_S)
+                    if encoder.encoder.blocking and len(chunk) > first:
+                        # mp3/opus cost ms per chunk: the first 80 ms go out before the rest is encoded
+                        await send(head + await encoder.encode(chunk[:first]))
+                        head, chunk = b"", chunk[first:]
+                await send(head + await encoder.encode(chunk))
+            await job.done.wait()  # the stream has ended: its request ends with it
+            if response is None:
+                if job.status is not Status.COMPLETED:
+                    raise unanswered(job.status, job.error, self.dispatcher.accepting)
+                response, encoder = await begin()  # completed without audio: an empty file
+                await send(encoder.encoder.header())
+            assert encoder is not None
+            await send(await encoder.finish())
+            if sse:
+                await response.write(self._final_event(job))
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # a write found the client gone: its request is stopped below
+        finally:
+            if not job.done.is_set():  # the client went away (cancelled handler or a failed write)
+                log.info("http_client_gone", sent_bytes=sent)
+                stream.abandon()
+                self.dispatcher.cancel(job, Status.INTERRUPTED)
+            if encoder is not None:
+                encoder.close()
+        log.info(
+            "http_speech",
+            status=str(job.status),
+            format=speech.response_format,
+            stream_format=speech.stream_format,
+            sent_bytes=sent,
+        )
+        return response if response is not None else web.Response(status=499)
+
+    @staticmethod
+    def _final_event(job: Job) -> bytes:
+        if job.status is Status.COMPLETED:
+            frames = round(job.timeline.audio_s * FRAMES_PER_S)
+            chars = len(job.request.text)
+            usage = {"input_tokens": chars, "output_tokens": frames, "total_tokens": chars + frames}
+            event: dict[str, Any] = {"type": "speech.audio.done", "usage": usage}
+        else:
+            message = job.error.message if job.error is not None else f"the speech ended {job.status}"
+            code = job.error.code.value if job.error is not None else str(job.status)
+            event = {
+                "type": "error",
+                "error": {"message": message, "type": "server_error", "param": None, "code": code},
+            }
+        return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+_BEARER = {"WWW-Authenticate": "Bearer"}
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,358 @@
+"""The OpenAI-compatible speech API (http.enabled) against the daemon in this process, a real
+mosquitto and the tone engine, through the official openai SDK, curl and a raw HTTP client."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import importlib.util
+import io
+import json
+import shutil
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import openai
+import pytest
+import soundfile
+
+from s2s_daemon.app import Daemon
+from s2s_daemon.config import load_config
+from s2s_daemon.errors import ConfigError, UnavailableError
+from s2s_daemon.http import require_http_extra
+from s2s_daemon.http.api import unanswered
+from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
+from tests.support.broker import Mosquitto, free_port
+from tests.support.daemon import daemon_in_process, write_config
+from tests.support.mqtt import Recorder, recorder
+
+SAY = "s2s/kitchen/tts/say"
+FRAME = 1920
+"""Samples per tone-engine frame (80 ms at 24 kHz)."""
+KEY = "sk-test-0123456789"
+
+
+def tone_samples(text: str, ms_per_char: float = 40.0) -> int:
+    """What the tone engine synthesizes for ``text`` (tests/support/tone_engine.py)."""
+    return max(1, round(len(text) * ms_per_char / 80.0)) * FRAME
+
+
+def decode(fmt: str, data: bytes) -> np.ndarray[Any, Any]:
+    if fmt == "pcm":
+        return np.frombuffer(data, "<i2")
+    samples, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+    assert rate == 24000
+    return np.asarray(samples)
+
+
+@dataclass
+class Api:
+    rec: Recorder
+    daemon: Daemon
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, api_key: str = KEY) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=api_key, max_retries=0, timeout=10)
+
+
+async def wait_listening(port: int, timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.02)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            return
+
+
+@contextlib.asynccontextmanager
+async def speech_api(
+    tmp_path: Path, broker: Mosquitto, *, api_key: str | None = KEY, **sections: Any
+) -> AsyncIterator[Api]:
+    port = free_port()
+    http: dict[str, Any] = {"enabled": True, "port": port, **sections.pop("http", {})}
+    if api_key is not None:
+        key_file = tmp_path / "api.key"
+        key_file.write_text(api_key + "\n")
+        http["api_key_file"] = str(key_file)
+    path = write_config(tmp_path / "daemon.yaml", broker.port, http=http, **sections)
+    async with recorder(broker.port) as rec, daemon_in_process(path) as daemon:
+        await wait_listening(port)
+        yield Api(rec, daemon, port)
+
+
+async def test_sdk_every_format_decodes_to_the_text_length(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    text = "The kettle has boiled, come and get your tea."
+    async with speech_api(tmp_path, mosquitto) as api, api.client() as client:
+        for fmt in ("wav", "flac", "opus", "mp3", "pcm"):
+            raw = await client.audio.speech.with_raw_response.create(
+                model="tts-1", voice="alloy", input=text, response_format=fmt
+            )
+            audio = decode(fmt, raw.parse().content)
+            extra = 2 * FRAME if fmt == "mp3" else FRAME  # mp3: LAME's delay and padding (no gapless tag)
+            assert 0 <= len(audio) - tone_samples(text) < extra, (fmt, len(audio))
+            assert raw.headers["content-type"].startswith({"mp3": "audio/mpeg", "opus": "audio/ogg"}.get(fmt, "audio/"))
+            request_id = raw.headers["x-request-id"]
+            finished = await api.rec.wait_finished([request_id])
+            assert finished[request_id]["status"] == "completed"
+            assert finished[request_id]["audioMs"] == pytest.approx(tone_samples(text) / 24.0, rel=0.01)
+        default = await client.audio.speech.with_raw_response.create(model="s2s", voice="alloy", input=text)
+        assert default.headers["content-type"] == "audio/mpeg"  # OpenAI's default format
+
+
+async def test_streaming_bytes_arrive_before_synthesis_ends(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    text = "x" * 100  # 4 s of audio, made in 1 s at speed 4
+    fast = {"tts": {"options": {"speed": "4"}}}
+    async with speech_api(tmp_path, mosquitto, **fast) as api, api.client() as client:
+        async with client.audio.speech.with_streaming_response.create(
+            model="gpt-4o-mini-tts", voice="Vivian", input=text, response_format="wav", stream_format="audio"
+        ) as response:
+            assert response.headers["transfer-encoding"] == "chunked"
+            request_id = response.headers["x-request-id"]
+            data = b""
+            finished_at_first_bytes = None
+            first_at = 0.0
+            async for piece in response.iter_bytes():
+                if finished_at_first_bytes is None:
+                    finished_at_first_bytes = request_id in api.rec.finished()
+                    first_at = time.monotonic()
+                data += piece
+            spread_s = time.monotonic() - first_at
+        assert finished_at_first_bytes is False  # audio came while the request was still synthesizing,
+        assert spread_s > 0.5  # and kept coming as it was made (1 s), not all at once at the end
+        assert len(decode("wav", data)) == tone_samples(text)
+        assert (await api.rec.wait_finished([request_id]))[request_id]["status"] == "completed"
+
+
+async def test_sse_events_carry_the_audio_and_usage(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    text = "Server-sent events, one per chunk."
+    async with speech_api(tmp_path, mosquitto, tts={"chunk_frames": 2}) as api, api.client() as client:
+        async with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="ryan", input=text, response_format="pcm", stream_format="sse"
+        ) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = [json.loads(line[6:]) async for line in response.iter_lines() if line.startswith("data: ")]
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert len(deltas) == -(-tone_samples(text) // (2 * FRAME))  # one event per synthesized chunk
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in deltas)
+    assert len(pcm) == 2 * tone_samples(text)
+    assert events[-1]["type"] == "speech.audio.done" and len(events) == len(deltas) + 1
+    usage = events[-1]["usage"]
+    assert usage["input_tokens"] == len(text)
+    assert usage["output_tokens"] == tone_samples(text) // FRAME
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+async def test_curl_streams_a_wav(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    curl = shutil.which("curl")
+    assert curl is not None, "curl is not installed (apt-get install curl)"
+    text = "Hello from curl."
+    out, head = tmp_path / "speech.wav", tmp_path / "headers.txt"
+    async with speech_api(tmp_path, mosquitto) as api:
+        proc = await asyncio.create_subprocess_exec(
+            curl, "-sS", "-N", "--fail-with-body", f"{api.base_url}/v1/audio/speech",
+            "-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json",
+            "-d", json.dumps({"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav"}),
+            "-o", str(out), "-D", str(head),
+        )  # fmt: skip
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+    headers = head.read_text().lower()
+    assert "transfer-encoding: chunked" in headers and "content-type: audio/wav" in headers
+    assert len(decode("wav", out.read_bytes())) == tone_samples(text)
+
+
+async def test_a_client_that_disconnects_frees_the_engine(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    real_time = {"tts": {"options": {"speed": "1"}}}  # 100 characters: 4 s of synthesis
+    async with speech_api(tmp_path, mosquitto, **real_time) as api, api.client() as client:
+        async with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input="z" * 100, response_format="mp3"
+        ) as response:
+            gone = response.headers["x-request-id"]
+            async for _ in response.iter_bytes():
+                break  # the first bytes, then hang up
+        async with asyncio.timeout(2.5):  # not after the 4 s the first one would have taken
+            nxt = await client.audio.speech.with_raw_response.create(
+                model="tts-1", voice="alloy", input="next", response_format="pcm"
+            )
+        assert len(nxt.parse().content) == 2 * tone_samples("next")
+        finished = await api.rec.wait_finished([gone, nxt.headers["x-request-id"]])
+        assert finished[gone]["status"] in ("interrupted", "cancelled")
+        assert finished[gone]["audioMs"] < 4000
+        assert finished[nxt.headers["x-request-id"]]["status"] == "completed"
+
+
+async def test_concurrent_requests_share_the_queue_with_mqtt(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    fast = {"tts": {"options": {"speed": "8"}}}
+    texts = ["first of two requests", "the second request, a little longer"]
+    async with speech_api(tmp_path, mosquitto, **fast) as api, api.client() as client:
+        await api.rec.say(SAY, {"id": "from-mqtt", "text": "spoken in the kitchen meanwhile"})
+        raws = await asyncio.gather(
+            *(
+                client.audio.speech.with_raw_response.create(
+                    model="tts-1", voice="alloy", input=t, response_format="wav"
+                )
+                for t in texts
+            )
+        )
+        for text, raw in zip(texts, raws, strict=True):
+            assert len(decode("wav", raw.parse().content)) == tone_samples(text)
+        ids = [raw.headers["x-request-id"] for raw in raws]
+        finished = await api.rec.wait_finished([*ids, "from-mqtt"])
+        assert {finished[i]["status"] for i in [*ids, "from-mqtt"]} == {"completed"}
+        # HTTP requests are reported like MQTT's: the same payload keys, latency events included
+        await api.rec.wait_for(lambda: {p["id"] for p in api.rec.payloads("/metrics/latency")} >= {*ids, "from-mqtt"})
+        latency = {p["id"]: p for p in api.rec.payloads("/metrics/latency")}
+        assert set(latency[ids[0]]) == set(latency["from-mqtt"])
+        assert set(finished[ids[0]]) == set(finished["from-mqtt"])
+        assert 0 <= latency[ids[0]]["ttfaMs"] <= latency[ids[0]]["e2eMs"]
+
+
+async def test_errors_are_openai_error_json(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    speech = "/v1/audio/speech"
+    good = {"model": "tts-1", "input": "hi", "voice": "alloy"}
+    cases: list[tuple[str, str, bytes | None, int, str | None, str | None]] = [
+        # method, path, body, status, code, param
+        ("POST", speech, b"{not json", 400, "bad_payload", None),
+        ("POST", speech, json.dumps({"model": "tts-1", "voice": "alloy"}).encode(), 400, "bad_payload", "input"),
+        ("POST", speech, json.dumps({**good, "input": "  "}).encode(), 400, "empty_text", "input"),
+        ("POST", speech, json.dumps({**good, "input": "y" * 60}).encode(), 400, "text_too_long", "input"),
+        ("POST", speech, json.dumps({**good, "voice": "Nobody"}).encode(), 400, "unknown_voice", "voice"),
+        ("POST", speech, json.dumps({**good, "language": "klingon"}).encode(), 400, "unsupported_language", "language"),
+        ("POST", speech, json.dumps({**good, "response_format": "aac"}).encode(), 400, "unsupported_response_format",
+         "response_format"),
+        ("POST", speech, json.dumps({**good, "speed": 1.5}).encode(), 400, "unsupported_speed", "speed"),
+        ("POST", speech, json.dumps({**good, "input": "x" * 5000}).encode(), 413, "request_too_large", None),
+        ("GET", speech, None, 405, "method_not_allowed", None),
+        ("GET", "/v1/nothing-here", None, 404, "not_found", None),
+    ]  # fmt: skip
+    limits = {"tts": {"max_text_chars": 50}, "http": {"max_body_bytes": 4096}}
+    async with speech_api(tmp_path, mosquitto, **limits) as api, aiohttp.ClientSession(api.base_url) as http:
+        auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+        for method, path, body, status, code, param in cases:
+            async with http.request(method, path, data=body, headers=auth) as r:
+                error = (await r.json())["error"]
+                assert (r.status, error["code"], error["param"]) == (status, code, param), (path, body, error)
+                assert error["type"] == "invalid_request_error" and error["message"]
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic abc"}):
+            async with http.post(speech, json=good, headers=headers) as r:
+                assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
+        async with http.get("/health") as r:  # probes need no token
+            assert r.status == 200 and await r.json() == {"status": "ok"}
+        # the SDK maps them onto its exceptions
+        async with api.client("sk-wrong") as client:
+            with pytest.raises(openai.AuthenticationError):
+                await client.audio.speech.create(model="tts-1", voice="alloy", input="hi")
+        async with api.client() as client:
+            with pytest.raises(openai.BadRequestError) as bad:
+                await client.audio.speech.create(model="tts-1", voice="Nobody", input="hi")
+            assert bad.value.code == "unknown_voice"
+        # a rejected speech request is answered on MQTT too, exactly once
+        await api.rec.wait_for(lambda: any(p["error"]["code"] == "unknown_voice" for p in rejected(api.rec)))
+
+
+def rejected(rec: Recorder) -> list[dict[str, Any]]:
+    return [p for p in rec.payloads("/tts/finished") if p["status"] == "rejected"]
+
+
+async def test_models_voices_health_and_the_drain(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    fast = {"tts": {"options": {"speed": "4"}}}
+    text = "w" * 50  # 2 s of audio, 0.5 s of synthesis
+    async with speech_api(tmp_path, mosquitto, api_key=None, **fast) as api, api.client("any") as client:
+        models = [m.id async for m in client.models.list()]
+        assert models[0] == api.daemon.config.tts.model and {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= set(models)
+        assert (await client.models.retrieve("tts-1")).owned_by == "s2s-daemon"
+        async with aiohttp.ClientSession(api.base_url) as http:
+            async with http.get("/v1/audio/voices") as r:
+                voices = await r.json()
+            assert voices["voices"] == [{"id": "Ryan", "name": "Ryan"}, {"id": "Vivian", "name": "Vivian"}]
+            assert voices["default"] == "Ryan"
+            async with client.audio.speech.with_streaming_response.create(
+                model="tts-1", voice="alloy", input=text, response_format="pcm"
+            ) as response:
+                data = b""
+                async for piece in response.iter_bytes():
+                    if not data:
+                        api.daemon.request_stop()  # SIGTERM mid-stream: this response still ends whole
+                        await asyncio.sleep(0.05)
+                        async with http.get("/health") as r:
+                            assert r.status == 503 and await r.json() == {"status": "draining"}
+                    data += piece
+    assert len(data) == 2 * tone_samples(text)
+
+
+async def test_draining_refuses_new_speech_with_503(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    fast = {"tts": {"options": {"speed": "4"}}}
+    async with speech_api(tmp_path, mosquitto, api_key=None, **fast) as api, api.client("any") as client:
+        async with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input="v" * 50, response_format="pcm"
+        ) as response:
+            async for _ in response.iter_bytes():
+                api.daemon.request_stop()
+                await asyncio.sleep(0.05)
+                with pytest.raises(openai.InternalServerError) as refused:
+                    await client.audio.speech.create(model="tts-1", voice="alloy", input="too late")
+                assert refused.value.status_code == 503 and refused.value.code == "shutting_down"
+                break
+
+
+async def test_missing_extra_and_taken_port_are_exit_69(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    path = write_config(tmp_path / "daemon.yaml", free_port(), http={"enabled": True, "port": port})
+    config = load_config(path, environ={})
+    try:
+        with pytest.raises(UnavailableError, match=r"cannot listen on 127\.0\.0\.1:") as busy:
+            await Daemon(config).run()
+        assert busy.value.exit_code == 69
+    finally:
+        taken.close()
+    with monkeypatch.context() as patched:
+        real = importlib.util.find_spec
+        patched.setattr("importlib.util.find_spec", lambda name, *a: None if name == "aiohttp" else real(name, *a))
+        with pytest.raises(UnavailableError, match=r"s2s-daemon\[http\]") as missing:
+            require_http_extra(config.http)
+        assert missing.value.exit_code == 69
+    unreadable = write_config(
+        tmp_path / "key.yaml", free_port(), http={"enabled": True, "port": free_port(), "api_key_file": "/nonexistent"}
+    )
+    with pytest.raises(ConfigError, match=r"http\.api_key_file"):
+        await Daemon(load_config(unreadable, environ={})).run()
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "accepting", "http_status", "answer_code"),
+    [
+        (Status.REJECTED, ErrorCode.QUEUE_FULL, True, 429, "queue_full"),
+        (Status.REJECTED, ErrorCode.SHUTTING_DOWN, False, 503, "shutting_down"),
+        (Status.CANCELLED, None, False, 503, "shutting_down"),  # queued when the drain began
+        (Status.ERROR, ErrorCode.ENGINE_ERROR, True, 500, "engine_error"),
+        (Status.CANCELLED, None, True, 409, "cancelled"),  # tts/stop while it waited
+    ],
+)
+def test_requests_that_end_without_audio(
+    status: Status, code: ErrorCode | None, accepting: bool, http_status: int, answer_code: str
+) -> None:
+    error = RequestError(code, "why") if code is not None else None
+    answer = unanswered(status, error, accepting)
+    assert (answer.status, answer.code) == (http_status, answer_code)
+    assert answer.body()["error"]["code"] == answer_code
+    if http_status == 429:
+        assert answer.headers["Retry-After"] == "1"  # the SDK retries after it
+    if http_status in (409, 500):
+        assert answer.headers["x-should-retry"] == "false"  # the SDK must not say it again
