@@ -110,6 +110,15 @@ async def load_engine(config: DaemonConfig) -> tuple[EngineWorker, EngineInfo]:
     return worker, info
 
 
+def require_wyoming() -> None:
+    """``wyoming.enabled`` without the package is exit 69 naming the extra (before the model loads)."""
+    try:
+        import wyoming  # noqa: F401 -- only whether it imports
+    except ImportError as exc:
+        msg = f"wyoming.enabled needs the wyoming package: pip install 's2s-daemon[wyoming]' ({exc})"
+        raise UnavailableError(msg) from exc
+
+
 class Daemon:
     """Wires the stages together. The constructor does no I/O."""
 
@@ -158,6 +167,8 @@ class Daemon:
         cfg = self.config
         log.info("starting", site_id=cfg.site_id, engine=cfg.tts.engine, model=cfg.tts.model)
         broker: EmbeddedBroker | None = None
+        if cfg.wyoming.enabled:
+            require_wyoming()
         require_http_extra(cfg.http)  # exit 69 before the model loads
         worker, info = await load_engine(cfg)
         sink: AudioSink | None = None
@@ -238,6 +249,7 @@ class Daemon:
             subscriptions=discovery.subscriptions(),
         )
         link.prepare()
+        wyoming = await self._open_wyoming(dispatcher, rules, info)
         http = await open_http_server(cfg.http, dispatcher, rules, info)  # listening (port taken: 69); None when off
 
         vad_gate = VadGate(cfg.vad.max_wait_s)
@@ -249,6 +261,7 @@ class Daemon:
             link_task = tg.create_task(link.run(), name="s2s.mqtt")
             tts_task = tg.create_task(tts.run(), name="s2s.tts")
             play_task = tg.create_task(playback.run(), name="s2s.playback")
+            wyoming_task = tg.create_task(wyoming.run(), name="s2s.wyoming") if wyoming is not None else None
             helpers = [
                 tg.create_task(events.run_state(), name="s2s.events.state"),
                 tg.create_task(self._memory_loop(worker, events), name="s2s.telemetry.memory"),
@@ -267,6 +280,8 @@ class Daemon:
             self.notifier.stopping()
             log.info("draining", queued=len(requests), timeout_s=cfg.shutdown.drain_timeout_s)
             dispatcher.close()  # accepts no more; queued requests are answered cancelled
+            if wyoming is not None:
+                wyoming.stop_accepting()
             _, pending = await asyncio.wait({tts_task, play_task}, timeout=cfg.shutdown.drain_timeout_s)
             if pending:
                 log.warning("drain_timeout", interrupted=[j.request.id for j in dispatcher.jobs.values()])
@@ -275,6 +290,10 @@ class Daemon:
                 for task in pending:
                     task.cancel()
             dispatcher.abandon(RequestError(ErrorCode.SHUTTING_DOWN, "the daemon stopped"))
+            if wyoming_task is not None:
+                wyoming.close()  # every synthesis has ended: its clients get what is left, then hang-up
+                await asyncio.wait({wyoming_task}, timeout=CLOSE_TIMEOUT_S)
+                wyoming_task.cancel()
             if vad_stage is not None:
                 await vad_stage.close()
             for task in helpers:
@@ -284,6 +303,18 @@ class Daemon:
             link_task.cancel()
         log.info("stopped")
         return EXIT_OK
+
+    async def _open_wyoming(self, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo) -> Any:
+        """The Wyoming TTS server, listening (a taken port is exit 69); None when it is off."""
+        cfg = self.config.wyoming
+        if not cfg.enabled:
+            return None
+        require_wyoming()
+        from s2s_daemon.intake.wyoming import WyomingServer
+
+        server = WyomingServer(cfg, dispatcher, rules, info, self.config.site_id)
+        await server.start()
+        return server
 
     async def _open_vad(self, dispatcher: Dispatcher, events: MqttEvents, gate: VadGate) -> Any:
         cfg = self.config.vad

@@ -203,6 +203,18 @@ class HttpConfig(Section):
     """Larger request bodies are refused (413)."""
 
 
+class WyomingConfig(Section):
+    """The Wyoming TTS server Home Assistant's Assist pipelines use; needs the ``wyoming`` extra."""
+
+    enabled: bool = False
+    host: str = Field("0.0.0.0", min_length=1)
+    """Every interface: Home Assistant usually runs on another machine. ``127.0.0.1`` when it runs on this one."""
+    port: int = Field(10200, ge=1, le=65535)
+    """Wyoming's conventional TTS port."""
+    zeroconf: bool = True
+    """Advertise ``_wyoming._tcp.local.`` (as ``s2s-<site_id>``) so Home Assistant discovers it; not on loopback."""
+
+
 class DaemonConfig(Section):
     site_id: str = Field("default", min_length=1)
     mqtt: MqttConfig = MqttConfig()
@@ -215,6 +227,7 @@ class DaemonConfig(Section):
     shutdown: ShutdownConfig = ShutdownConfig()
     ha: HaConfig = HaConfig()
     http: HttpConfig = HttpConfig()
+    wyoming: WyomingConfig = WyomingConfig()
 
     @field_validator("site_id")
     @classmethod

@@ -1,0 +1,645 @@
+"""A Wyoming TTS server in the daemon's loop: Home Assistant's Assist pipelines speak through it.
+
+One TCP listener; one ``WyomingConnection`` per client, each with three named tasks:
+
+- ``reader``: events in, validated; a streamed text (``synthesize-chunk``) is cut into sentences;
+- ``submitter``: turns each text into a request (``origin="wyoming"``, ``output=CallerStream()``)
+  and submits it, at most ``SPEECH_AHEAD`` of this client's at a time, in order;
+- ``writer``: the only one that writes to the socket: replies and audio in order, one
+  ``audio-start`` / ``audio-chunk``... / ``audio-stop`` group per request, never two interleaved.
+
+The requests share the engine and the request queue with MQTT's; their audio goes back to the
+client as it is made (the playback stage plays a ``CallerStream`` beside the speaker). A client
+that goes away (end of its connection, a failed write) abandons its streams and cancels its
+requests, so the engine is free at its next chunk. A request that fails ends the exchange with an
+``error`` event and the connection, as wyoming-piper does (Home Assistant waits for audio until
+then). Wyoming's own ``AsyncServer.run`` is not used: it takes over SIGTERM from the daemon, and
+its handler tasks have no owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ipaddress
+import json
+import re
+import socket
+import time
+import uuid
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from wyoming.error import Error
+from wyoming.event import Event, async_write_event
+from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
+from wyoming.ping import Ping, Pong
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
+
+with warnings.catch_warnings():
+    # wyoming.audio imports the stdlib's audioop, deprecated since Python 3.11 (it falls back to
+    # its own copy where audioop is gone); the warning is about wyoming, not about us.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from wyoming.audio import AudioChunk, AudioStart, AudioStop
+
+from s2s_daemon import __version__
+from s2s_daemon.audio.stream import CallerStream, pcm16
+from s2s_daemon.config import WyomingConfig
+from s2s_daemon.errors import UnavailableError
+from s2s_daemon.intake.schemas import MAX_PAYLOAD_BYTES, IntakeRules, parse_say
+from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
+from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.messages import ErrorCode, Status
+from s2s_daemon.tts.engine import EngineError, EngineInfo, UnsupportedLanguageError
+from s2s_daemon.tts.text import LANGUAGE_ALIASES, match_voice, normalize_language
+
+log = structlog.get_logger(__name__)
+
+SERVICE_TYPE = "_wyoming._tcp.local."
+SAMPLE_WIDTH = 2
+"""Bytes per sample of the PCM we send (signed 16-bit little-endian, mono)."""
+SPEECH_AHEAD = 2
+"""A client's requests submitted and not yet written: the one streaming and the next, synthesizing."""
+PENDING_ITEMS = 256
+"""Texts and replies a client may have waiting before its reader waits (back-pressure on the socket)."""
+MAX_LINE_BYTES = 1024 * 1024
+"""Longest event header line; longer ones end the connection."""
+NO_PRESET_VOICE = "default"
+"""The one voice advertised for a model without preset speakers (VoiceDesign, Base)."""
+WRITE_TIMEOUT_S = 10.0
+"""A client that takes longer than this to accept one event is treated as gone."""
+CLOSE_GRACE_S = 2.0
+"""At shutdown, how long connections may take to write what they hold before they are cut."""
+ZEROCONF_TIMEOUT_S = 5.0
+"""Longest wait for registering the advertisement (probing takes about 2 s), and for withdrawing it."""
+SENTENCE_CLOSERS = "\"')]\u201d\u2019\u300d\u300f\uff09"
+"""Closing quotes and brackets that stay with the sentence they end (ASCII, curly, CJK)."""
+
+_SENTENCE_END = re.compile(
+    rf"[.!?]+[{re.escape(SENTENCE_CLOSERS)}]*(?=\s)"  # Latin: a terminator before white space ("3.14" is not one)
+    rf"|[\u3002\uff01\uff1f]+[{re.escape(SENTENCE_CLOSERS)}]*(?=\S)"  # CJK: no space follows; wait for more
+)
+
+_CODES: dict[str, str] = {}
+for _alias, _name in LANGUAGE_ALIASES.items():
+    if len(_alias) == 2:
+        _CODES.setdefault(_name, _alias)
+
+
+class FrameError(Exception):
+    """Bytes on the connection that are not a Wyoming event; the connection ends."""
+
+
+class Refused(Exception):
+    """A request this server answers with an ``error`` event."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- text ------------------------------------------------------------------------------------
+
+
+def split_sentences(text: str, max_chars: int) -> tuple[list[str], str]:
+    """The complete sentences at the start of ``text``, and the rest (kept for more text).
+
+    A sentence ends at ``.``, ``!`` or ``?`` (and closing quotes) before white space, or at the CJK
+    full stop, exclamation or question mark before any character. A piece without a letter or digit
+    joins the next sentence. A rest longer than ``max_chars`` is cut at its last space before the limit.
+    """
+    sentences: list[str] = []
+    start = 0
+    for match in _SENTENCE_END.finditer(text):
+        piece = text[start : match.end()].strip()
+        if any(c.isalnum() for c in piece):
+            sentences.append(piece)
+            start = match.end()
+    rest = text[start:]
+    while len(rest.strip()) > max_chars:
+        rest = rest.lstrip()
+        cut = rest.rfind(" ", 0, max_chars + 1)
+        cut = cut if cut > 0 else max_chars
+        sentences.append(rest[:cut].strip())
+        rest = rest[cut:]
+    return sentences, rest
+
+
+def language_codes(languages: Iterable[str]) -> list[str]:
+    """The model's language names as the codes Home Assistant matches (``english`` -> ``en``)."""
+    codes: list[str] = []
+    for name in languages:
+        code = _CODES.get(name.lower())
+        if code is not None and code not in codes:
+            codes.append(code)
+    return codes or sorted(set(_CODES.values()))
+
+
+def describe(info: EngineInfo, site_id: str) -> Info:
+    """The ``info`` answer: one TTS program whose voices are the model's preset speakers."""
+    attribution = Attribution(name="Qwen (Alibaba Cloud)", url="https://github.com/QwenLM/Qwen3-TTS")
+    codes = language_codes(info.languages)
+    voices = [
+        TtsVoice(
+            name=voice,
+            description=voice,
+            attribution=attribution,
+            installed=True,
+            version=None,
+            languages=codes,
+        )
+        for voice in info.voices or (NO_PRESET_VOICE,)
+    ]
+    program = TtsProgram(
+        name=f"s2s {site_id}",
+        description=f"Qwen3-TTS {info.model} on {info.device} (s2s-daemon, site {site_id})",
+        attribution=attribution,
+        installed=True,
+        version=__version__,
+        voices=voices,
+        supports_synthesize_streaming=True,
+    )
+    return Info(tts=[program])
+
+
+# -- one client ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    """Text to speak as one audio group (a ``synthesize``, or one sentence of a stream)."""
+
+    text: str
+    voice: str | None
+    """Canonical speaker, or None for the configured default."""
+    language: str | None
+    """Canonical language name, or None for the configured default."""
+    session_id: str
+    """Shared by every sentence of one stream."""
+    received_at: float
+    """Monotonic seconds when the text was complete."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An event to write in turn; ``hang_up``: the exchange ends after it."""
+
+    event: Event
+    hang_up: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Speech:
+    """A submitted request and the stream its audio comes back on."""
+
+    job: Job
+    stream: CallerStream
+
+
+async def read_event(reader: asyncio.StreamReader) -> Event | None:
+    """The next event; None when the connection ended. ``FrameError`` for bytes that are not one."""
+    try:
+        line = await reader.readline()
+    except ValueError as exc:  # the stream's limit: a header line longer than MAX_LINE_BYTES
+        raise FrameError(f"event header longer than {MAX_LINE_BYTES} bytes") from exc
+    if not line:
+        return None
+    try:
+        header = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise FrameError(f"event header is not JSON: {exc}") from exc
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise FrameError("event header must be a JSON object with a string 'type'")
+    data = header.get("data") or {}
+    lengths = [header.get("data_length") or 0, header.get("payload_length") or 0]
+    if not isinstance(data, dict) or any(
+        not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_PAYLOAD_BYTES for n in lengths
+    ):
+        raise FrameError(f"event data must be an object, and lengths at most {MAX_PAYLOAD_BYTES} bytes")
+    payload: bytes | None = None
+    try:
+        if lengths[0]:
+            try:
+                extra = json.loads(await reader.readexactly(lengths[0]))
+            except (ValueError, RecursionError) as exc:
+                raise FrameError(f"event data is not JSON: {exc}") from exc
+            if not isinstance(extra, dict):
+                raise FrameError("event data must be a JSON object")
+            data = {**data, **extra}
+        if lengths[1]:
+            payload = await reader.readexactly(lengths[1])
+    except asyncio.IncompleteReadError:
+        return None  # the connection ended inside an event
+    return Event(type=header["type"], data=data, payload=payload)
+
+
+class WyomingConnection:
+    """One client. The constructor does no I/O."""
+
+    def __init__(
+        self,
+        server: WyomingServer,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        peer: str,
+    ) -> None:
+        self.server = server
+        self.reader = reader
+        self.writer = writer
+        self.peer = peer
+        self._pending: Channel[Text | Reply] = Channel(PENDING_ITEMS, Overflow.BLOCK, "wyoming.pending")
+        self._outbox: Channel[Speech | Reply] = Channel(SPEECH_AHEAD, Overflow.BLOCK, "wyoming.outbox")
+        self._slots = asyncio.Semaphore(SPEECH_AHEAD)
+        self._speeches: list[Speech] = []
+        """Submitted and not yet written (abandoned if the client goes away)."""
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ended = False
+        # streaming input (synthesize-start ... synthesize-stop)
+        self._streamed = False
+        """A stream began on this connection: a plain ``synthesize`` is then the copy Home Assistant
+        sends for older servers, and is ignored (as wyoming-piper does)."""
+        self._streaming = False
+        self._buffer = ""
+        self._stream_voice: tuple[str | None, str | None] = (None, None)
+        self._session = ""
+
+    async def serve(self) -> None:
+        log.debug("wyoming_connected", peer=self.peer)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tasks = [
+                    tg.create_task(self._read_loop(), name="s2s.wyoming.reader"),
+                    tg.create_task(self._submit_loop(), name="s2s.wyoming.submitter"),
+                    tg.create_task(self._write_loop(), name="s2s.wyoming.writer"),
+                ]
+        finally:
+            self.end(gone=True)
+            with contextlib.suppress(OSError, TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self.writer.wait_closed()
+            log.debug("wyoming_disconnected", peer=self.peer)
+
+    def finish(self) -> None:
+        """Shutdown: read nothing more; write what is submitted, then hang up."""
+        self._pending.close()
+
+    def end(self, gone: bool) -> None:
+        """Stop this exchange: abandon the client's streams (the engine stops at its next chunk),
+        cancel its requests, close the socket. ``gone``: the client left, so drop unsent bytes."""
+        if self._ended:
+            return
+        self._ended = True
+        for speech in self._speeches:
+            speech.stream.abandon()
+            self.server.dispatcher.cancel(speech.job, Status.INTERRUPTED)
+        self._speeches.clear()
+        for channel in (self._pending, self._outbox):
+            channel.clear()
+            channel.close()
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        if gone:
+            self.writer.transport.abort()
+        else:
+            self.writer.close()
+        self.reader.feed_eof()
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        try:
+            while not self._ended:
+                try:
+                    event = await read_event(self.reader)
+                except FrameError as exc:
+                    log.info("wyoming_bad_frame", peer=self.peer, reason=str(exc))
+                    await self._pending.put(Reply(Error(str(exc), str(ErrorCode.BAD_PAYLOAD)).event(), hang_up=True))
+                    return
+                if event is None:
+                    break
+                try:
+                    await self._handle(event)
+                except Refused as exc:
+                    log.info("wyoming_refused", peer=self.peer, type=event.type, code=str(exc.code), reason=str(exc))
+                    await self._pending.put(Reply(Error(str(exc), str(exc.code)).event(), hang_up=True))
+                    return
+        except ChannelClosed:  # shutting down, or the exchange ended
+            return
+        self.end(gone=True)  # the client closed its side: it is gone
+
+    async def _handle(self, event: Event) -> None:
+        kind = event.type
+        now = time.monotonic()
+        if Describe.is_type(kind):
+            await self._pending.put(Reply(self.server.info_event))
+        elif Ping.is_type(kind):
+            echo = event.data.get("text")
+            await self._pending.put(Reply(Pong(text=echo if isinstance(echo, str) else None).event()))
+        elif Synthesize.is_type(kind):
+            if self._streamed:
+                log.debug("wyoming_synthesize_ignored", peer=self.peer, reason="streamed")
+                return
+            text = self._text_field(event)
+            voice, language = self._voice(event.data.get("voice"))
+            await self._pending.put(Text(text, voice, language, uuid.uuid4().hex, now))
+        elif SynthesizeStart.is_type(kind):
+            if self._streaming:
+                await self._flush(now)
+            self._stream_voice = self._voice(event.data.get("voice"))
+            self._streamed = self._streaming = True
+            self._buffer = ""
+            self._session = uuid.uuid4().hex
+        elif SynthesizeChunk.is_type(kind):
+            if not self._streaming:
+                raise Refused(ErrorCode.BAD_PAYLOAD, "synthesize-chunk outside synthesize-start ... synthesize-stop")
+            self._buffer += self._text_field(event)
+            sentences, self._buffer = split_sentences(self._buffer, self.server.rules.max_text_chars)
+            for sentence in sentences:
+                await self._pending.put(Text(sentence, *self._stream_voice, self._session, now))
+        elif SynthesizeStop.is_type(kind):
+            if self._streaming:
+                await self._flush(now)
+            self._streaming = False
+            await self._pending.put(Reply(SynthesizeStopped().event()))
+        else:
+            log.debug("wyoming_event_ignored", peer=self.peer, type=kind)
+
+    async def _flush(self, now: float) -> None:
+        rest, self._buffer = self._buffer.strip(), ""
+        if rest:
+            await self._pending.put(Text(rest, *self._stream_voice, self._session, now))
+
+    @staticmethod
+    def _text_field(event: Event) -> str:
+        text = event.data.get("text")
+        if not isinstance(text, str):
+            raise Refused(ErrorCode.BAD_PAYLOAD, f"{event.type}: 'text' must be a string")
+        return text
+
+    def _voice(self, voice: Any) -> tuple[str | None, str | None]:
+        """``voice: {name, language}`` as the canonical speaker and language (None: the defaults)."""
+        if voice is None:
+            return None, None
+        if not isinstance(voice, dict):
+            raise Refused(ErrorCode.BAD_PAYLOAD, "'voice' must be an object")
+        name, language = voice.get("name"), voice.get("language")
+        if not isinstance(name, str | None) or not isinstance(language, str | None):
+            raise Refused(ErrorCode.BAD_PAYLOAD, "'voice.name' and 'voice.language' must be strings")
+        rules = self.server.rules
+        try:
+            if not rules.voices and name is not None and name.strip().lower() == NO_PRESET_VOICE:
+                name = None
+            canonical = match_voice(name, rules.voices, rules.default_voice) if name is not None else None
+            return canonical, self._language(language) if language is not None else None
+        except EngineError as exc:
+            raise Refused(ErrorCode.parse(exc.code, ErrorCode.BAD_PAYLOAD), str(exc)) from exc
+
+    def _language(self, value: str) -> str:
+        """``en``, ``en_AU``, ``English``...; a region the model does not name falls back to its language."""
+        languages = self.server.rules.languages
+        try:
+            return normalize_language(value, languages)
+        except UnsupportedLanguageError:
+            primary = value.replace("_", "-").split("-")[0]
+            if primary == value:
+                raise
+            return normalize_language(primary, languages)
+
+    # -- submitting -------------------------------------------------------------------------
+
+    async def _submit_loop(self) -> None:
+        try:
+            async for item in self._pending:
+                if isinstance(item, Reply):
+                    await self._outbox.put(item)
+                    continue
+                await self._slots.acquire()
+                speech = self._submit(item)
+                self._speeches.append(speech)
+                await self._outbox.put(speech)
+        except ChannelClosed:
+            return
+        finally:
+            self._outbox.close()
+
+    def _submit(self, text: Text) -> Speech:
+        server = self.server
+        fields: dict[str, str] = {"text": text.text, "sessionId": text.session_id}
+        if text.voice is not None:
+            fields["voice"] = text.voice
+        if text.language is not None:
+            fields["language"] = text.language
+        parsed = parse_say(json.dumps(fields).encode(), server.rules, origin="wyoming", received_at=text.received_at)
+        stream = CallerStream()
+        request = dataclasses.replace(parsed.request, output=stream)
+        if parsed.error is not None:
+            job = server.dispatcher.reject(request, parsed.error.code, parsed.error.message)
+        else:
+            job = server.dispatcher.submit(request)
+        return Speech(job, stream)
+
+    # -- writing ----------------------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        try:
+            async for item in self._outbox:
+                if isinstance(item, Reply):
+                    await self._send(item.event)
+                    if item.hang_up:
+                        break
+                    continue
+                ok = await self._write_speech(item)
+                # Written: no longer the client's to abandon. (On a failed write it still is.)
+                self._speeches.remove(item)
+                self._slots.release()
+                if not ok:
+                    break
+        except (OSError, TimeoutError) as exc:  # the client is gone (reset, broken pipe) or stopped reading
+            log.info("wyoming_client_gone", peer=self.peer, error=str(exc) or type(exc).__name__)
+            self.end(gone=True)
+            return
+        self.end(gone=False)
+
+    async def _send(self, event: Event) -> None:
+        """Write one event; a client that takes more than ``WRITE_TIMEOUT_S`` to take it is gone
+        (it would otherwise hold the engine through the back-pressure of its stream)."""
+        async with asyncio.timeout(WRITE_TIMEOUT_S):
+            await async_write_event(event, self.writer)
+
+    async def _write_speech(self, speech: Speech) -> bool:
+        """One request's audio group; False (after an ``error`` event) when the request failed."""
+        fmt = (self.server.sample_rate, SAMPLE_WIDTH, 1)
+        job = speech.job
+        started = False
+        async for chunk in speech.stream.chunks(job.done):
+            if not started:
+                await self._send(AudioStart(*fmt).event())
+                started = True
+            await self._send(AudioChunk(*fmt, audio=pcm16(chunk)).event())
+        await job.done.wait()  # the stream ended: the playback stage ends the job right after
+        if job.status is Status.COMPLETED:
+            if not started:
+                await self._send(AudioStart(*fmt).event())
+            await self._send(AudioStop().event())
+            return True
+        if started:
+            await self._send(AudioStop().event())
+        code = str(job.error.code) if job.error is not None else str(job.status)
+        message = job.error.message if job.error is not None else f"the request ended {job.status}"
+        log.info("wyoming_request_failed", peer=self.peer, request_id=job.request.id, code=code)
+        await self._send(Error(message, code).event())
+        return False
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+class WyomingServer:
+    """The listener, its connections and its zeroconf advertisement. The constructor does no I/O."""
+
+    def __init__(
+        self, config: WyomingConfig, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo, site_id: str
+    ) -> None:
+        self.config = config
+        self.dispatcher = dispatcher
+        self.rules = rules
+        self.sample_rate = info.sample_rate
+        self.site_id = site_id
+        self.info_event = describe(info, site_id).event()
+        self.port = config.port
+        """The port listened on (known once started)."""
+        self._server: asyncio.Server | None = None
+        self._connections: dict[asyncio.Task[None], WyomingConnection] = {}
+        self._tg: asyncio.TaskGroup | None = None
+        self._closing = asyncio.Event()
+        self._zeroconf: Any = None
+
+    async def start(self) -> None:
+        """Listen; a port that is taken (or an address this host lacks) is exit 69."""
+        try:
+            self._server = await asyncio.start_server(
+                self._accept, self.config.host, self.config.port, limit=MAX_LINE_BYTES, start_serving=False
+            )
+        except OSError as exc:
+            raise UnavailableError(f"wyoming: cannot listen on {self.config.host}:{self.config.port}: {exc}") from exc
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def run(self) -> None:
+        """Serve until ``close()``; then let the connections write what they hold, and hang up."""
+        server = self._server
+        if server is None:
+            raise RuntimeError("WyomingServer.run() before start()")
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                await server.start_serving()
+                log.info("wyoming_listening", host=self.config.host, port=self.port)
+                advertise = (
+                    tg.create_task(self._advertise(), name="s2s.wyoming.zeroconf") if self.config.zeroconf else None
+                )
+                await self._closing.wait()
+                if advertise is not None:
+                    advertise.cancel()  # still probing: withdrawn below
+                self.stop_accepting()
+                for connection in self._connections.values():
+                    connection.finish()
+                if self._connections:
+                    _, late = await asyncio.wait(set(self._connections), timeout=CLOSE_GRACE_S)
+                    for task in late:
+                        self._connections[task].end(gone=True)
+        finally:
+            self._tg = None
+            self.stop_accepting()
+            await self._unadvertise()
+
+    def stop_accepting(self) -> None:
+        """Drain begins: no new connections (those open get ``shutting_down`` for new requests)."""
+        if self._server is not None and self._server.sockets:
+            self._server.close()
+            log.info("wyoming_stopped_accepting")
+
+    def close(self) -> None:
+        """Every synthesis has ended: let ``run()`` finish the connections and return."""
+        self._closing.set()
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        peer_s = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        if self._tg is None or self._closing.is_set():
+            writer.transport.abort()
+            return
+        connection = WyomingConnection(self, reader, writer, peer_s)
+        task = self._tg.create_task(connection.serve(), name="s2s.wyoming.connection")
+        self._connections[task] = connection
+        task.add_done_callback(self._connections.pop)
+
+    # -- zeroconf ---------------------------------------------------------------------------
+
+    def _advertised_address(self) -> str | None:
+        """The address Home Assistant should connect to; None on loopback (nobody else can)."""
+        host = self.config.host
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            address = None
+        if (address is not None and address.is_loopback) or host == "localhost":
+            return None
+        if address is not None and not address.is_unspecified:
+            return host
+        # Every interface: the one the default route uses (no packet is sent).
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("224.0.0.251", 5353))
+            return str(probe.getsockname()[0])
+
+    async def _advertise(self) -> None:
+        """Register ``s2s-<site>._wyoming._tcp.local.``; a failure is a warning, never fatal."""
+        try:
+            from zeroconf import Error as ZeroconfError
+            from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+        except ImportError as exc:
+            log.warning("wyoming_zeroconf_unavailable", error=str(exc), fix="pip install 's2s-daemon[wyoming]'")
+            return
+        try:
+            address = self._advertised_address()
+        except OSError as exc:
+            log.warning("wyoming_zeroconf_failed", error=str(exc), reason="no address to advertise")
+            return
+        if address is None:
+            log.warning(
+                "wyoming_zeroconf_skipped", host=self.config.host, reason="loopback: only this host can connect"
+            )
+            return
+        name = f"s2s-{self.site_id}"
+        info = AsyncServiceInfo(
+            SERVICE_TYPE,
+            f"{name}.{SERVICE_TYPE}",
+            parsed_addresses=[address],
+            port=self.port,
+            properties={"version": __version__},
+        )
+        try:
+            self._zeroconf = AsyncZeroconf()
+            async with asyncio.timeout(ZEROCONF_TIMEOUT_S):
+                await (await self._zeroconf.async_register_service(info, allow_name_change=True))
+        except (OSError, ZeroconfError, TimeoutError) as exc:
+            log.warning("wyoming_zeroconf_failed", error=str(exc) or type(exc).__name__)
+            await self._unadvertise()
+            return
+        log.info("wyoming_zeroconf_advertised", name=info.name, address=address, port=self.port)
+
+    async def _unadvertise(self) -> None:
+        zeroconf, self._zeroconf = self._zeroconf, None
+        if zeroconf is None:
+            return
+        with contextlib.suppress(OSError, TimeoutError):
+            async with asyncio.timeout(ZEROCONF_TIMEOUT_S):
+                await zeroconf.async_unregister_all_services()
+        with contextlib.suppress(OSError, TimeoutError):
+            async with asyncio.timeout(ZEROCONF_TIMEOUT_S):
+                await zeroconf.async_close()
