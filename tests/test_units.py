@@ -235,3 +235,17 @@ def test_each_engine_reads_its_own_device_key() -> None:
     assert engine_options(load_config(None, {**env, "S2S_TTS__ENGINE": "mlx"})).device == "cpu"
     with pytest.raises(ConfigError, match=r"tts\.mlx\.device"):
         load_config(None, {"S2S_TTS__MLX__DEVICE": "cuda"})
+
+
+async def test_a_stop_of_the_speaker_leaves_a_callers_request_alone() -> None:
+    from s2s_daemon.audio.stream import CallerStream
+
+    events = Events()
+    d = Dispatcher(RequestQueue(4), events, 16)
+    d.submit(dataclasses.replace(req("caller"), output=CallerStream()))
+    caller = d.take(await d.queue.get())
+    assert caller is not None and caller.phase is Phase.SYNTHESIZING
+    assert not d.stop_current()  # `tts/stop {}` and `interrupt` are about the room's speaker
+    assert not caller.should_stop()
+    assert d.stop_all() == 1  # `{"all": true}` stops everything
+    assert caller.should_stop()

@@ -218,10 +218,13 @@ class Dispatcher:
     # -- stopping ----------------------------------------------------------------------
 
     def stop_current(self) -> bool:
-        """Stop the utterance being spoken (or synthesized for speaking next)."""
+        """Stop the utterance being spoken (or synthesized for speaking next) on the speaker;
+        a caller's request (Wyoming, HTTP) is its caller's to stop."""
         job = self.current
         if job is None:
-            job = next((j for j in self.jobs.values() if j.phase is Phase.SYNTHESIZING), None)
+            job = next(
+                (j for j in self.jobs.values() if j.phase is Phase.SYNTHESIZING and j.request.output is None), None
+            )
         if job is None:
             return False
         self.cancel(job, Status.INTERRUPTED)
