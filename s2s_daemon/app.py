@@ -31,17 +31,10 @@ from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Utterance
 from s2s_daemon.pipeline.queue import RequestQueue
-from s2s_daemon.tts.engine import (
-    CheckpointError,
-    EngineError,
-    EngineInfo,
-    EngineOptions,
-    ModelUnavailableError,
-    TtsEngine,
-)
+from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice, normalize_language
+from s2s_daemon.tts.engine import CheckpointError, EngineOptions, ModelUnavailableError, TtsEngine
 from s2s_daemon.tts.registry import create_engine
 from s2s_daemon.tts.stage import TtsStage
-from s2s_daemon.tts.text import match_voice, normalize_language
 from s2s_daemon.tts.worker import EngineWorker
 from s2s_daemon.vad.policy import BargeIn, VadGate
 

@@ -20,9 +20,9 @@ from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import Status, Utterance
 from s2s_daemon.pipeline.queue import RequestQueue
-from s2s_daemon.tts.engine import EngineError, EngineInfo, SynthesisRequest
+from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice
+from s2s_daemon.tts.engine import SynthesisRequest
 from s2s_daemon.tts.stage import TtsStage
-from s2s_daemon.tts.text import match_voice
 
 log = structlog.get_logger(__name__)
 

@@ -23,8 +23,8 @@ from s2s_daemon.config import load_config
 from s2s_daemon.errors import ConfigError
 from s2s_daemon.events.discovery import config_payloads, node_id
 from s2s_daemon.mqtt.topics import Topics
+from s2s_daemon.pipeline.vocabulary import EngineInfo
 from s2s_daemon.service import ServiceCommand
-from s2s_daemon.tts.engine import EngineInfo
 from tests.support.broker import Mosquitto
 from tests.support.daemon import daemon_in_process, write_config
 from tests.support.mqtt import Recorder, recorder

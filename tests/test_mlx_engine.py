@@ -219,21 +219,21 @@ def test_a_consumer_that_closes_the_stream_releases_it(cv_engine: MlxQwen3Engine
 
 @pytest.mark.mlx
 @pytest.mark.timeout(180)
-async def test_the_engine_worker_drives_it_on_its_one_thread_and_a_bump_stops_it() -> None:
-    from s2s_daemon.tts.worker import EngineWorker, Generation
+async def test_the_engine_worker_drives_it_on_its_one_thread_and_a_stop_token_stops_it() -> None:
+    from s2s_daemon.tts.worker import EngineWorker
 
     engine = _engine(TINY / "custom_voice", "4bit")
     worker = EngineWorker(engine)
     info = await worker.load()
     assert info.dtype == "4bit"
     await worker.warmup()
-    generation = Generation()
+    token = {"stop": False}  # a job's stop token, as the ledger sets it on stop, barge-in and shutdown
     stopped = []
-    async for chunk in worker.stream(_request(voice="Ryan", chunk_frames=1), generation.stopper()):
+    async for chunk in worker.stream(_request(voice="Ryan", chunk_frames=1), lambda: token["stop"]):
         stopped.append(chunk)
-        generation.bump()  # what stop, barge-in and shutdown do
+        token["stop"] = True
     assert len(stopped) == 1
-    whole = [chunk async for chunk in worker.stream(_request(voice="Ryan", chunk_frames=1), generation.stopper())]
+    whole = [chunk async for chunk in worker.stream(_request(voice="Ryan", chunk_frames=1), lambda: False)]
     assert [len(c) for c in whole] == [SAMPLES_PER_FRAME] * MAX_FRAMES
     np.testing.assert_array_equal(whole[0], stopped[0])
     memory = await worker.memory()

@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, Utterance
-from s2s_daemon.tts.engine import Samples
+from s2s_daemon.pipeline.vocabulary import Samples
 
 __all__ = ["AudioDeviceError", "AudioSink", "DiscardSink", "FirstSample", "WavSink", "apply_volume", "write_wav"]
 

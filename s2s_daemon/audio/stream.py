@@ -19,7 +19,7 @@ import numpy as np
 from s2s_daemon.audio.sink import apply_volume
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, Utterance
-from s2s_daemon.tts.engine import Samples
+from s2s_daemon.pipeline.vocabulary import Samples
 
 BUFFER_CHUNKS = 16
 """Chunks held for a slow reader before synthesis waits for it (back-pressure, as on the speaker)."""

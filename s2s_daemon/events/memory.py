@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from s2s_daemon.tts.engine import DeviceMemory
+from s2s_daemon.pipeline.vocabulary import DeviceMemory
 
 MIB = 1024.0 * 1024.0
 

@@ -14,7 +14,7 @@ from s2s_daemon.mqtt.messages import OutMessage
 from s2s_daemon.mqtt.topics import HERMES_ERROR, HERMES_SAY_FINISHED, Topics, hermes_vad
 from s2s_daemon.pipeline.jobs import Job
 from s2s_daemon.pipeline.messages import Status
-from s2s_daemon.tts.engine import EngineInfo
+from s2s_daemon.pipeline.vocabulary import EngineInfo
 
 log = structlog.get_logger(__name__)
 

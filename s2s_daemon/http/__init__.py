@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from s2s_daemon.http.server import HttpSpeechServer
     from s2s_daemon.intake.schemas import IntakeRules
     from s2s_daemon.pipeline.jobs import Dispatcher
-    from s2s_daemon.tts.engine import EngineInfo
+    from s2s_daemon.pipeline.vocabulary import EngineInfo
 
 EXTRA_MODULES = ("aiohttp", "soundfile", "lameenc")
 """What the ``http`` extra installs (pyproject.toml)."""

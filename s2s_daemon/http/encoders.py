@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from s2s_daemon.audio.stream import pcm16
-from s2s_daemon.tts.engine import Samples
+from s2s_daemon.pipeline.vocabulary import Samples
 
 FORMATS = ("mp3", "opus", "flac", "wav", "pcm")
 """``response_format``s answered; OpenAI's ``aac`` is refused."""

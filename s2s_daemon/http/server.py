@@ -37,8 +37,7 @@ from s2s_daemon.http.encoders import CONTENT_TYPES, AudioEncoder, encoder_factor
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import Status
-from s2s_daemon.tts.engine import EngineError, EngineInfo, Samples
-from s2s_daemon.tts.text import match_voice
+from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, Samples, match_voice
 
 log = structlog.get_logger(__name__)
 

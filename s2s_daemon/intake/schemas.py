@@ -12,8 +12,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from s2s_daemon.pipeline.messages import ErrorCode, ReplyTo, RequestError, SayRequest
-from s2s_daemon.tts.engine import EngineError
-from s2s_daemon.tts.text import match_voice, normalize_language
+from s2s_daemon.pipeline.vocabulary import EngineError, match_voice, normalize_language
 
 MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 """Larger payloads are refused before decoding."""

@@ -54,8 +54,14 @@ from s2s_daemon.intake.schemas import MAX_PAYLOAD_BYTES, IntakeRules, parse_say
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import ErrorCode, Status
-from s2s_daemon.tts.engine import EngineError, EngineInfo, UnsupportedLanguageError
-from s2s_daemon.tts.text import LANGUAGE_ALIASES, match_voice, normalize_language
+from s2s_daemon.pipeline.vocabulary import (
+    LANGUAGE_ALIASES,
+    EngineError,
+    EngineInfo,
+    UnsupportedLanguageError,
+    match_voice,
+    normalize_language,
+)
 
 log = structlog.get_logger(__name__)
 

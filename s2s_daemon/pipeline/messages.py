@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from s2s_daemon.pipeline.channel import Channel
-from s2s_daemon.tts.engine import Samples
+from s2s_daemon.pipeline.vocabulary import Samples
 
 
 class Status(enum.StrEnum):

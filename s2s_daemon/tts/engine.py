@@ -11,36 +11,32 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-import numpy.typing as npt
+from s2s_daemon.pipeline.vocabulary import (
+    DeviceMemory,
+    EngineError,
+    EngineInfo,
+    Samples,
+    UnknownVoiceError,
+    UnsupportedLanguageError,
+)
 
-Samples = npt.NDArray[np.float32]
-"""Mono float32 PCM in [-1, 1]."""
+__all__ = [
+    "CheckpointError",
+    "DeviceMemory",
+    "EngineError",
+    "EngineInfo",
+    "EngineOptions",
+    "ModelUnavailableError",
+    "Samples",
+    "ShouldStop",
+    "SynthesisRequest",
+    "TtsEngine",
+    "UnknownVoiceError",
+    "UnsupportedLanguageError",
+]
 
 ShouldStop = Callable[[], bool]
 """Polled by the engine between frames; True means stop generating now."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineInfo:
-    """What a loaded engine can do; published on ``<p>/<site>/info``."""
-
-    engine: str
-    """Registry name: ``torch`` or ``mlx``."""
-    model: str
-    """Hub id or local folder the weights came from."""
-    device: str
-    """Where inference runs: ``cuda:0``, ``cpu``, ``mps``, ``metal``..."""
-    sample_rate: int
-    """Hertz of the samples the engine yields."""
-    voices: tuple[str, ...] = ()
-    """Preset speakers; empty when the model has none (VoiceDesign, Base)."""
-    languages: tuple[str, ...] = ("auto",)
-    """Canonical language names the model accepts (``auto`` first)."""
-    dtype: str = ""
-    """Weight format actually used: ``float32``, ``bfloat16``, ``int8``, ``4bit``..."""
-    mode: str = "custom_voice"
-    """``custom_voice``, ``voice_design`` or ``base`` (voice clone)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,18 +60,6 @@ class SynthesisRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceMemory:
-    """Accelerator memory as the framework counts it."""
-
-    kind: str
-    """``cuda``, ``mps``, ``mlx`` or ``none``."""
-    allocated_mib: float = 0.0
-    """Currently held, mebibytes."""
-    peak_mib: float = 0.0
-    """High-water mark since start, mebibytes."""
-
-
-@dataclass(frozen=True, slots=True)
 class EngineOptions:
     """Engine construction options taken from the ``tts`` config section."""
 
@@ -89,20 +73,6 @@ class EngineOptions:
     revision: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
     """Backend-specific knobs (test engines use this for speed)."""
-
-
-class EngineError(Exception):
-    """A failure inside the engine; ``code`` is the MQTT error code."""
-
-    code = "engine_error"
-
-
-class UnknownVoiceError(EngineError):
-    code = "unknown_voice"
-
-
-class UnsupportedLanguageError(EngineError):
-    code = "unsupported_language"
 
 
 class CheckpointError(EngineError):

@@ -40,19 +40,16 @@ import numpy as np
 import structlog
 
 from s2s_daemon.errors import ConfigError
-from s2s_daemon.tts.engine import (
-    CheckpointError,
+from s2s_daemon.pipeline.vocabulary import (
     DeviceMemory,
     EngineError,
     EngineInfo,
-    EngineOptions,
-    ModelUnavailableError,
     Samples,
-    ShouldStop,
-    SynthesisRequest,
     UnknownVoiceError,
+    match_voice,
+    normalize_language,
 )
-from s2s_daemon.tts.text import match_voice, normalize_language
+from s2s_daemon.tts.engine import CheckpointError, EngineOptions, ModelUnavailableError, ShouldStop, SynthesisRequest
 
 log = structlog.get_logger(__name__)
 
