@@ -18,8 +18,8 @@ from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError, UnavailableErr
 from s2s_daemon.events.discovery import HaDiscovery
 from s2s_daemon.events.memory import memory_payload
 from s2s_daemon.events.publisher import MqttEvents, now_ms
-from s2s_daemon.http import open_http_server, require_http_extra
-from s2s_daemon.intake.handler import MqttIntake
+from s2s_daemon.intake.http import open_http_server, require_http_extra
+from s2s_daemon.intake.mqtt import MqttIntake
 from s2s_daemon.intake.schemas import IntakeRules
 from s2s_daemon.mqtt.broker import EmbeddedBroker
 from s2s_daemon.mqtt.connection import MqttProtocol

@@ -10,7 +10,7 @@ and sets side by side, per request:
   own transfer and parsing before receipt, a fraction of a millisecond on loopback);
 - added = client first byte - ttfaMs: what HTTP, encoding and the socket add to the engine.
 
-``flac`` is sent whole (see s2s_daemon/http/encoders.py): its first byte is the last.
+``flac`` is sent whole (see s2s_daemon/intake/http/encoders.py): its first byte is the last.
 
 Usage: .venv/bin/python scripts/bench_http.py [--engine tone|torch] [--runs 10]
   torch uses the tiny random checkpoint tests/fixtures/qwen3_tiny/custom_voice on the CPU.

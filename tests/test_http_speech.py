@@ -26,8 +26,8 @@ import soundfile
 from s2s_daemon.app import Daemon
 from s2s_daemon.config import load_config
 from s2s_daemon.errors import ConfigError, UnavailableError
-from s2s_daemon.http import require_http_extra
-from s2s_daemon.http.api import unanswered
+from s2s_daemon.intake.http import require_http_extra
+from s2s_daemon.intake.http.api import unanswered
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
 from tests.support.broker import Mosquitto, free_port
 from tests.support.daemon import daemon_in_process, write_config

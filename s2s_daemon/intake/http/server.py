@@ -24,7 +24,7 @@ from aiohttp import web
 from s2s_daemon.audio.stream import CallerStream
 from s2s_daemon.config import HttpConfig
 from s2s_daemon.errors import ConfigError, UnavailableError
-from s2s_daemon.http.api import (
+from s2s_daemon.intake.http.api import (
     MODEL_ALIASES,
     ApiError,
     SpeechPayload,
@@ -33,7 +33,7 @@ from s2s_daemon.http.api import (
     say_payload,
     unanswered,
 )
-from s2s_daemon.http.encoders import CONTENT_TYPES, AudioEncoder, encoder_factory
+from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, encoder_factory
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import Status

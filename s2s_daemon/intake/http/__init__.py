@@ -14,7 +14,7 @@ from s2s_daemon.config import HttpConfig
 from s2s_daemon.errors import UnavailableError
 
 if TYPE_CHECKING:
-    from s2s_daemon.http.server import HttpSpeechServer
+    from s2s_daemon.intake.http.server import HttpSpeechServer
     from s2s_daemon.intake.schemas import IntakeRules
     from s2s_daemon.pipeline.jobs import Dispatcher
     from s2s_daemon.pipeline.vocabulary import EngineInfo
@@ -42,7 +42,7 @@ async def open_http_server(
     if not config.enabled:
         return None
     require_http_extra(config)
-    from s2s_daemon.http.server import HttpSpeechServer
+    from s2s_daemon.intake.http.server import HttpSpeechServer
 
     server = HttpSpeechServer(config, dispatcher, rules, info)
     await server.start()

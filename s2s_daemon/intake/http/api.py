@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
-from s2s_daemon.http.encoders import FORMATS
+from s2s_daemon.intake.http.encoders import FORMATS
 from s2s_daemon.intake.schemas import IntakeRules, decode_json_object
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
 
