@@ -6,15 +6,14 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.config import DaemonConfig
-from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError, UnavailableError
+from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, UnavailableError
 from s2s_daemon.events.discovery import HaDiscovery
 from s2s_daemon.events.memory import memory_payload
 from s2s_daemon.events.publisher import MqttEvents, now_ms
@@ -27,80 +26,18 @@ from s2s_daemon.mqtt.link import MqttLink
 from s2s_daemon.mqtt.messages import OutMessage
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.notify import SystemdNotifier
-from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher
-from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Utterance
-from s2s_daemon.pipeline.queue import RequestQueue
-from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice, normalize_language
-from s2s_daemon.tts.engine import CheckpointError, EngineOptions, ModelUnavailableError, TtsEngine
-from s2s_daemon.tts.registry import create_engine
-from s2s_daemon.tts.stage import TtsStage
+from s2s_daemon.pipeline.messages import ErrorCode, RequestError
+from s2s_daemon.pipeline.vocabulary import EngineInfo
 from s2s_daemon.tts.worker import EngineWorker
 from s2s_daemon.vad.policy import BargeIn, VadGate
+from s2s_daemon.wiring import Pipeline, build_pipeline, load_engine
 
 log = structlog.get_logger(__name__)
 
-UTTERANCES_AHEAD = 1
-"""Utterances synthesized ahead of the one playing (gapless hand-over, bounded memory)."""
 CLOSE_TIMEOUT_S = 5.0
 MEMORY_MIN_INTERVAL_S = 0.25
 """Per-utterance memory events are at most this often (a burst of short utterances shares one)."""
-
-
-def engine_options(config: DaemonConfig) -> EngineOptions:
-    tts = config.tts
-    quantization: str
-    if tts.engine == "mlx":
-        quantization = tts.mlx.quantization
-    elif tts.engine == "torch":
-        quantization = tts.torch.quantization
-    else:
-        quantization = tts.options.get("quantization", "none")
-    return EngineOptions(
-        model=tts.model,
-        device=tts.mlx.device if tts.engine == "mlx" else tts.torch.device,
-        dtype=tts.torch.dtype,
-        quantization=quantization,
-        kernels=tts.torch.kernels,
-        revision=tts.revision,
-        extra=dict(tts.options),
-    )
-
-
-async def load_engine(config: DaemonConfig) -> tuple[EngineWorker, EngineInfo]:
-    """Create and load the configured engine on its worker thread; map failures to exit codes."""
-    engine: TtsEngine = create_engine(config.tts.engine, engine_options(config))
-    worker = EngineWorker(engine)
-    try:
-        info = await worker.load()
-    except CheckpointError as exc:
-        await worker.close()
-        raise ConfigError(f"tts.model: {exc}") from exc
-    except ModelUnavailableError as exc:
-        # Not a configuration error: a box that boots before its network must be retried.
-        await worker.close()
-        first = (
-            "download it once with the network up (HF_HUB_OFFLINE unset)"
-            if exc.offline
-            else "check the network and try again (a service retries by itself)"
-        )
-        raise UnavailableError(
-            f"tts.model: {exc}. To go on: {first}, or set tts.model (say: --model) to a local checkpoint folder,"
-            " or try the daemon offline with a generated checkpoint (random weights):"
-            f" {sys.executable} -m s2s_daemon.tools.make_checkpoint DIR --size tiny --kind custom_voice"
-        ) from exc
-    except (EngineError, OSError) as exc:
-        await worker.close()
-        raise UnavailableError(f"engine {config.tts.engine!r} failed to load {config.tts.model!r}: {exc}") from exc
-    try:
-        if config.tts.voice is not None and info.voices:
-            match_voice(config.tts.voice, info.voices, None)
-        normalize_language(config.tts.language, info.languages)
-    except EngineError as exc:
-        await worker.close()
-        key = "tts.voice" if exc.code == "unknown_voice" else "tts.language"
-        raise ConfigError(f"{key}: {exc}") from exc
-    return worker, info
 
 
 def require_wyoming() -> None:
@@ -157,6 +94,7 @@ class Daemon:
             self._remove_signals()
 
     async def _run(self) -> int:
+        """startup (engine, warm-up, sink, embedded broker) -> serve -> stop (close them in reverse)."""
         cfg = self.config
         log.info("starting", site_id=cfg.site_id, engine=cfg.tts.engine, model=cfg.tts.model)
         broker: EmbeddedBroker | None = None
@@ -191,33 +129,35 @@ class Daemon:
             self.notifier.close()
 
     async def _serve(self, worker: EngineWorker, info: EngineInfo, sink: AudioSink) -> int:
+        """ready -> run -> drain, with every long-lived task in one group."""
+        wiring = await self._wire(worker, info, sink)
+        async with asyncio.TaskGroup() as tg:
+            tasks = self._start(tg, wiring, worker)
+            self.notifier.ready(f"ready: {info.engine} {info.model} on {info.device}")
+            log.info("ready", engine=info.engine, model=info.model, device=info.device, voices=len(info.voices))
+            await self._stop.wait()
+            await self._drain(wiring, tasks)
+        log.info("stopped")
+        return EXIT_OK
+
+    async def _wire(self, worker: EngineWorker, info: EngineInfo, sink: AudioSink) -> _Wiring:
+        """The pipeline, its events and every intake; servers that listen are bound here (a taken
+        port is exit 69 before anything runs)."""
         cfg = self.config
-        requests = RequestQueue(cfg.queue.max_pending)
-        utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
         link: MqttLink
-
-        def snapshot() -> tuple[str, str | None, int]:
-            state, current = dispatcher.state()
-            return state, current, len(requests)
-
+        pipeline: Pipeline
         events = MqttEvents(
             publish=lambda m: link.publish(m),
             topics=self.topics,
             info=info,
             qos=cfg.mqtt.qos,
             hermes=cfg.mqtt.hermes,
-            state=snapshot,
+            state=lambda: pipeline.snapshot(),
             on_utterance_end=self._memory_now.set,
         )
-        dispatcher = Dispatcher(requests, events, cfg.queue.dedup_window)
-        rules = IntakeRules(
-            site_id=cfg.site_id,
-            max_text_chars=cfg.tts.max_text_chars,
-            voices=info.voices,
-            languages=info.languages,
-            default_voice=cfg.tts.voice,
-            default_language=cfg.tts.language,
-        )
+        gate = VadGate(cfg.vad.max_wait_s)
+        pipeline = build_pipeline(cfg, worker, info, sink, events, gate=gate.hold)
+        ledger, rules = pipeline.ledger, pipeline.rules
         discovery = HaDiscovery(cfg.ha, self.topics, info)
 
         def on_ha_birth(payload: bytes) -> None:
@@ -225,7 +165,7 @@ class Daemon:
                 link.publish(message)
 
         ha_birth = (discovery.birth_topic, on_ha_birth) if discovery.enabled else None
-        intake = MqttIntake(dispatcher, rules, self.topics, cfg.mqtt.hermes, ha_birth=ha_birth)
+        intake = MqttIntake(ledger, rules, self.topics, cfg.mqtt.hermes, ha_birth=ha_birth)
 
         def on_connect() -> list[OutMessage]:
             retained = [events.status_message(True), events.info_message(), events.state_message()]
@@ -242,60 +182,58 @@ class Daemon:
             subscriptions=discovery.subscriptions(),
         )
         link.prepare()
-        wyoming = await self._open_wyoming(dispatcher, rules, info)
-        http = await open_http_server(cfg.http, dispatcher, rules, info)  # listening (port taken: 69); None when off
+        wyoming = await self._open_wyoming(ledger, rules, info)
+        http = await open_http_server(cfg.http, ledger, rules, info)  # listening (port taken: 69); None when off
+        vad = await self._open_vad(ledger, events, gate)
+        return _Wiring(pipeline, events, link, wyoming, http, vad)
 
-        vad_gate = VadGate(cfg.vad.max_wait_s)
-        vad_stage = await self._open_vad(dispatcher, events, vad_gate)
-        tts = TtsStage(worker, info, requests, utterances, dispatcher, cfg.tts.chunk_frames, gate=vad_gate.hold)
-        playback = PlaybackStage(sink, utterances, dispatcher)
+    def _start(self, tg: asyncio.TaskGroup, wiring: _Wiring, worker: EngineWorker) -> _Tasks:
+        pipeline = wiring.pipeline
+        tasks = _Tasks(
+            link=tg.create_task(wiring.link.run(), name="s2s.mqtt"),
+            tts=tg.create_task(pipeline.tts.run(), name="s2s.tts"),
+            playback=tg.create_task(pipeline.playback.run(), name="s2s.playback"),
+            wyoming=tg.create_task(wiring.wyoming.run(), name="s2s.wyoming") if wiring.wyoming is not None else None,
+        )
+        tasks.helpers.append(tg.create_task(wiring.events.run_state(), name="s2s.events.state"))
+        tasks.helpers.append(tg.create_task(self._memory_loop(worker, wiring.events), name="s2s.telemetry.memory"))
+        if self.notifier.watchdog_interval_s:
+            tasks.helpers.append(tg.create_task(self._watchdog(), name="s2s.watchdog"))
+        if wiring.vad is not None:
+            tasks.helpers.append(tg.create_task(wiring.vad.run(), name="s2s.vad"))
+        if wiring.http is not None:  # cancelled after the drain: closes, letting responses being written end
+            tasks.helpers.append(tg.create_task(wiring.http.serve(), name="s2s.http"))
+        return tasks
 
-        async with asyncio.TaskGroup() as tg:
-            link_task = tg.create_task(link.run(), name="s2s.mqtt")
-            tts_task = tg.create_task(tts.run(), name="s2s.tts")
-            play_task = tg.create_task(playback.run(), name="s2s.playback")
-            wyoming_task = tg.create_task(wyoming.run(), name="s2s.wyoming") if wyoming is not None else None
-            helpers = [
-                tg.create_task(events.run_state(), name="s2s.events.state"),
-                tg.create_task(self._memory_loop(worker, events), name="s2s.telemetry.memory"),
-            ]
-            if self.notifier.watchdog_interval_s:
-                helpers.append(tg.create_task(self._watchdog(), name="s2s.watchdog"))
-            if vad_stage is not None:
-                helpers.append(tg.create_task(vad_stage.run(), name="s2s.vad"))
-            if http is not None:  # cancelled after the drain: closes, letting responses being written end
-                helpers.append(tg.create_task(http.serve(), name="s2s.http"))
-            self.notifier.ready(f"ready: {info.engine} {info.model} on {info.device}")
-            log.info("ready", engine=info.engine, model=info.model, device=info.device, voices=len(info.voices))
-            await self._stop.wait()
-
-            # -- drain ---------------------------------------------------------------------
-            self.notifier.stopping()
-            log.info("draining", queued=len(requests), timeout_s=cfg.shutdown.drain_timeout_s)
-            dispatcher.close()  # accepts no more; queued requests are answered cancelled
-            if wyoming is not None:
-                wyoming.stop_accepting()
-            _, pending = await asyncio.wait({tts_task, play_task}, timeout=cfg.shutdown.drain_timeout_s)
-            if pending:
-                log.warning("drain_timeout", interrupted=[j.request.id for j in dispatcher.jobs.values()])
-                dispatcher.stop_all()
-                _, pending = await asyncio.wait(pending, timeout=CLOSE_TIMEOUT_S)
-                for task in pending:
-                    task.cancel()
-            dispatcher.abandon(RequestError(ErrorCode.SHUTTING_DOWN, "the daemon stopped"))
-            if wyoming_task is not None:
-                wyoming.close()  # every synthesis has ended: its clients get what is left, then hang-up
-                await asyncio.wait({wyoming_task}, timeout=CLOSE_TIMEOUT_S)
-                wyoming_task.cancel()
-            if vad_stage is not None:
-                await vad_stage.close()
-            for task in helpers:
+    async def _drain(self, wiring: _Wiring, tasks: _Tasks) -> None:
+        """Accept no more, let the current utterance end (at most ``shutdown.drain_timeout_s``),
+        answer everything still open, say ``offline``."""
+        cfg = self.config
+        ledger = wiring.pipeline.ledger
+        self.notifier.stopping()
+        log.info("draining", queued=len(wiring.pipeline.requests), timeout_s=cfg.shutdown.drain_timeout_s)
+        ledger.close()  # accepts no more; queued requests are answered cancelled
+        if wiring.wyoming is not None:
+            wiring.wyoming.stop_accepting()
+        _, pending = await asyncio.wait({tasks.tts, tasks.playback}, timeout=cfg.shutdown.drain_timeout_s)
+        if pending:
+            log.warning("drain_timeout", interrupted=[j.request.id for j in ledger.jobs.values()])
+            ledger.stop_all()
+            _, pending = await asyncio.wait(pending, timeout=CLOSE_TIMEOUT_S)
+            for task in pending:
                 task.cancel()
-            link.publish(events.state_message())
-            await link.close([events.status_message(False)], CLOSE_TIMEOUT_S)
-            link_task.cancel()
-        log.info("stopped")
-        return EXIT_OK
+        ledger.abandon(RequestError(ErrorCode.SHUTTING_DOWN, "the daemon stopped"))
+        if tasks.wyoming is not None:
+            wiring.wyoming.close()  # every synthesis has ended: its clients get what is left, then hang-up
+            await asyncio.wait({tasks.wyoming}, timeout=CLOSE_TIMEOUT_S)
+            tasks.wyoming.cancel()
+        if wiring.vad is not None:
+            await wiring.vad.close()
+        for task in tasks.helpers:
+            task.cancel()
+        wiring.link.publish(wiring.events.state_message())
+        await wiring.link.close([wiring.events.status_message(False)], CLOSE_TIMEOUT_S)
+        tasks.link.cancel()
 
     async def _open_wyoming(self, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo) -> Any:
         """The Wyoming TTS server, listening (a taken port is exit 69); None when it is off."""
@@ -345,3 +283,25 @@ class Daemon:
         while True:
             self.notifier.watchdog()
             await asyncio.sleep(interval / 2)
+
+
+@dataclass(frozen=True, slots=True)
+class _Wiring:
+    """What ``_wire`` built: the pipeline, its MQTT events and link, and the optional intakes."""
+
+    pipeline: Pipeline
+    events: MqttEvents
+    link: MqttLink
+    wyoming: Any
+    http: Any
+    vad: Any
+
+
+@dataclass(slots=True)
+class _Tasks:
+    link: asyncio.Task[None]
+    tts: asyncio.Task[None]
+    playback: asyncio.Task[None]
+    wyoming: asyncio.Task[None] | None
+    helpers: list[asyncio.Task[Any]] = field(default_factory=list)
+    """Cancelled at the end of the drain."""

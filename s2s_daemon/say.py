@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from pathlib import Path
 
 import structlog
 
-from s2s_daemon.app import load_engine
-from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink, WavSink
 from s2s_daemon.config import DaemonConfig
 from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError, UnavailableError
 from s2s_daemon.events.publisher import latency_payload
-from s2s_daemon.intake.schemas import IntakeRules, parse_say
-from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher, Job
-from s2s_daemon.pipeline.messages import Status, Utterance
-from s2s_daemon.pipeline.queue import RequestQueue
+from s2s_daemon.intake.schemas import parse_say
+from s2s_daemon.pipeline.jobs import Job
+from s2s_daemon.pipeline.messages import Status
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice
 from s2s_daemon.tts.engine import SynthesisRequest
-from s2s_daemon.tts.stage import TtsStage
+from s2s_daemon.wiring import build_pipeline, load_engine
 
 log = structlog.get_logger(__name__)
 
@@ -90,23 +85,6 @@ async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
         except AudioDeviceError as exc:
             raise UnavailableError(f"audio: {exc}") from exc
         events = LogEvents()
-        requests = RequestQueue(1)
-        dispatcher = Dispatcher(requests, events, 16)
-        rules = IntakeRules(
-            site_id=config.site_id,
-            max_text_chars=config.tts.max_text_chars,
-            voices=info.voices,
-            languages=info.languages,
-            default_voice=voice,
-            default_language=config.tts.language,
-        )
-        payload = {"text": args.text, "voice": voice, "language": args.language, "instruct": args.instruct}
-        parsed = parse_say(
-            json.dumps({k: v for k, v in payload.items() if v is not None}).encode(), rules, origin="cli"
-        )
-        if parsed.error is not None:
-            log.error("request_rejected", code=str(parsed.error.code), reason=parsed.error.message)
-            return EXIT_FAILURE
         template = SynthesisRequest(
             text="",
             voice=None,
@@ -116,14 +94,19 @@ async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
             ref_audio=str(args.ref_audio) if args.ref_audio else None,
             ref_text=args.ref_text,
         )
-        utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
-        tts = TtsStage(worker, info, requests, utterances, dispatcher, config.tts.chunk_frames, template=template)
-        playback = PlaybackStage(sink, utterances, dispatcher)
-        dispatcher.submit(parsed.request)
-        requests.close()
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(tts.run(), name="s2s.tts")
-            tg.create_task(playback.run(), name="s2s.playback")
+        pipeline = build_pipeline(
+            config, worker, info, sink, events, max_pending=1, default_voice=voice, template=template
+        )
+        payload = {"text": args.text, "voice": voice, "language": args.language, "instruct": args.instruct}
+        parsed = parse_say(
+            json.dumps({k: v for k, v in payload.items() if v is not None}).encode(), pipeline.rules, origin="cli"
+        )
+        if parsed.error is not None:
+            log.error("request_rejected", code=str(parsed.error.code), reason=parsed.error.message)
+            return EXIT_FAILURE
+        pipeline.ledger.submit(parsed.request)
+        pipeline.requests.close()
+        await pipeline.run()
         job = events.finished_job
         if job is None:
             return EXIT_FAILURE

@@ -228,11 +228,11 @@ def test_every_message_dataclass_is_frozen_and_round_trips() -> None:
 
 
 def test_each_engine_reads_its_own_device_key() -> None:
-    from s2s_daemon.app import engine_options
+    from s2s_daemon.tts.registry import engine_options
 
     env = {"S2S_TTS__TORCH__DEVICE": "cuda", "S2S_TTS__MLX__DEVICE": "cpu"}
-    assert engine_options(load_config(None, env)).device == "cuda"
-    assert engine_options(load_config(None, {**env, "S2S_TTS__ENGINE": "mlx"})).device == "cpu"
+    assert engine_options(load_config(None, env).tts).device == "cuda"
+    assert engine_options(load_config(None, {**env, "S2S_TTS__ENGINE": "mlx"}).tts).device == "cpu"
     with pytest.raises(ConfigError, match=r"tts\.mlx\.device"):
         load_config(None, {"S2S_TTS__MLX__DEVICE": "cuda"})
 

@@ -5,11 +5,51 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from s2s_daemon.errors import UnavailableError
 from s2s_daemon.tts.engine import EngineOptions, TtsEngine
 
+if TYPE_CHECKING:
+    from s2s_daemon.config import TtsConfig
+
 EngineFactory = Callable[[EngineOptions], TtsEngine]
+OptionsReader = Callable[["TtsConfig"], EngineOptions]
+"""Reads an engine's own part of the ``tts`` section (its ``tts.<engine>`` block and ``tts.options``)."""
+
+
+def _torch_options(tts: TtsConfig) -> EngineOptions:
+    section = tts.torch
+    return EngineOptions(
+        model=tts.model,
+        device=section.device,
+        dtype=section.dtype,
+        quantization=section.quantization,
+        kernels=section.kernels,
+        revision=tts.revision,
+        extra=dict(tts.options),
+    )
+
+
+def _mlx_options(tts: TtsConfig) -> EngineOptions:
+    section = tts.mlx
+    return EngineOptions(
+        model=tts.model,
+        device=section.device,
+        quantization=section.quantization,
+        revision=tts.revision,
+        extra=dict(tts.options),
+    )
+
+
+def _plain_options(tts: TtsConfig) -> EngineOptions:
+    """An engine with no section of its own (a registered one): the model and ``tts.options``."""
+    return EngineOptions(
+        model=tts.model,
+        quantization=tts.options.get("quantization", "none"),
+        revision=tts.revision,
+        extra=dict(tts.options),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,13 +62,18 @@ class EngineSpec:
     """The pip extra that provides its dependencies."""
     requires: tuple[str, ...]
     """Top-level modules that must import for the engine to work."""
+    options: OptionsReader
+    """Its options from the configuration."""
 
 
 _BUILTIN: dict[str, EngineSpec] = {
     "torch": EngineSpec(
-        "s2s_daemon.tts.torch_qwen3:TorchQwen3Engine", "torch", ("torch", "safetensors", "transformers")
+        "s2s_daemon.tts.torch_qwen3:TorchQwen3Engine",
+        "torch",
+        ("torch", "safetensors", "transformers"),
+        _torch_options,
     ),
-    "mlx": EngineSpec("s2s_daemon.tts.mlx_qwen3:MlxQwen3Engine", "mlx", ("mlx", "mlx_audio")),
+    "mlx": EngineSpec("s2s_daemon.tts.mlx_qwen3:MlxQwen3Engine", "mlx", ("mlx", "mlx_audio"), _mlx_options),
 }
 _REGISTERED: dict[str, EngineFactory] = {}
 
@@ -40,6 +85,12 @@ def register_engine(name: str, factory: EngineFactory) -> None:
 
 def engine_names() -> tuple[str, ...]:
     return tuple(_BUILTIN) + tuple(n for n in _REGISTERED if n not in _BUILTIN)
+
+
+def engine_options(tts: TtsConfig) -> EngineOptions:
+    """The options of the engine ``tts.engine`` names, read from its own section."""
+    spec = _BUILTIN.get(tts.engine)
+    return spec.options(tts) if spec is not None and tts.engine not in _REGISTERED else _plain_options(tts)
 
 
 def _check_requirements(name: str, spec: EngineSpec) -> None:

@@ -1,0 +1,121 @@
+"""The engine and the speech pipeline, loaded and built one way for ``run`` and ``say``: the engine
+on its worker thread (load failures mapped to exit codes), the request queue, the ledger, the
+TTS stage on the engine's worker and the playback stage in front of the sink, and the rules every
+intake checks a request against.
+
+```
+ intake(s) --submit--> ledger --> request queue --> TtsStage --utterances--> PlaybackStage --> sink
+                         ^  (events from the stages)                           \\--> a caller's output
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from s2s_daemon.audio.playback import PlaybackStage
+from s2s_daemon.audio.sink import AudioSink
+from s2s_daemon.config import DaemonConfig
+from s2s_daemon.errors import ConfigError, UnavailableError
+from s2s_daemon.intake.schemas import IntakeRules
+from s2s_daemon.pipeline.channel import Channel, Overflow
+from s2s_daemon.pipeline.jobs import Dispatcher, JobEvents
+from s2s_daemon.pipeline.messages import Utterance
+from s2s_daemon.pipeline.queue import RequestQueue
+from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice, normalize_language
+from s2s_daemon.tts.engine import CheckpointError, ModelUnavailableError, SynthesisRequest, TtsEngine
+from s2s_daemon.tts.registry import create_engine, engine_options
+from s2s_daemon.tts.stage import TtsStage
+from s2s_daemon.tts.worker import EngineWorker
+
+
+async def load_engine(config: DaemonConfig) -> tuple[EngineWorker, EngineInfo]:
+    """Create and load the configured engine on its worker thread; map failures to exit codes."""
+    engine: TtsEngine = create_engine(config.tts.engine, engine_options(config.tts))
+    worker = EngineWorker(engine)
+    try:
+        info = await worker.load()
+    except CheckpointError as exc:
+        await worker.close()
+        raise ConfigError(f"tts.model: {exc}") from exc
+    except ModelUnavailableError as exc:
+        # Not a configuration error: a box that boots before its network must be retried.
+        await worker.close()
+        first = (
+            "download it once with the network up (HF_HUB_OFFLINE unset)"
+            if exc.offline
+            else "check the network and try again (a service retries by itself)"
+        )
+        raise UnavailableError(
+            f"tts.model: {exc}. To go on: {first}, or set tts.model (say: --model) to a local checkpoint folder,"
+            " or try the daemon offline with a generated checkpoint (random weights):"
+            f" {sys.executable} -m s2s_daemon.tools.make_checkpoint DIR --size tiny --kind custom_voice"
+        ) from exc
+    except (EngineError, OSError) as exc:
+        await worker.close()
+        raise UnavailableError(f"engine {config.tts.engine!r} failed to load {config.tts.model!r}: {exc}") from exc
+    try:
+        if config.tts.voice is not None and info.voices:
+            match_voice(config.tts.voice, info.voices, None)
+        normalize_language(config.tts.language, info.languages)
+    except EngineError as exc:
+        await worker.close()
+        key = "tts.voice" if exc.code == "unknown_voice" else "tts.language"
+        raise ConfigError(f"{key}: {exc}") from exc
+    return worker, info
+
+
+UTTERANCES_AHEAD = 1
+"""Utterances synthesized ahead of the one playing (gapless hand-over, bounded memory)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    requests: RequestQueue
+    ledger: Dispatcher
+    rules: IntakeRules
+    tts: TtsStage
+    playback: PlaybackStage
+
+    def snapshot(self) -> tuple[str, str | None, int]:
+        """(idle|synthesizing|speaking, current id, queue length) for the retained state topic."""
+        state, current = self.ledger.state()
+        return state, current, len(self.requests)
+
+    async def run(self) -> None:
+        """Both stages until the request queue is closed and drained (``say``; the daemon runs them
+        as tasks of its own group)."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.tts.run(), name="s2s.tts")
+            tg.create_task(self.playback.run(), name="s2s.playback")
+
+
+def build_pipeline(
+    config: DaemonConfig,
+    worker: EngineWorker,
+    info: EngineInfo,
+    sink: AudioSink,
+    events: JobEvents,
+    *,
+    max_pending: int | None = None,
+    default_voice: str | None = None,
+    gate: Callable[[], asyncio.Future[None] | None] | None = None,
+    template: SynthesisRequest | None = None,
+) -> Pipeline:
+    """The pipeline for ``config``; ``default_voice`` overrides ``tts.voice`` (``say --voice``)."""
+    requests = RequestQueue(config.queue.max_pending if max_pending is None else max_pending)
+    ledger = Dispatcher(requests, events, config.queue.dedup_window)
+    rules = IntakeRules(
+        site_id=config.site_id,
+        max_text_chars=config.tts.max_text_chars,
+        voices=info.voices,
+        languages=info.languages,
+        default_voice=config.tts.voice if default_voice is None else default_voice,
+        default_language=config.tts.language,
+    )
+    utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
+    tts = TtsStage(worker, info, requests, utterances, ledger, config.tts.chunk_frames, gate=gate, template=template)
+    return Pipeline(requests, ledger, rules, tts, PlaybackStage(sink, utterances, ledger))
