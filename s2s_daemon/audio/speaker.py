@@ -327,120 +327,34 @@ class SpeakerSink:
 
     async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport:
         await self._ensure_open()
-        import soxr
-
-        rate = self.rate_hz
-        resampler = (
-            soxr.ResampleStream(utterance.sample_rate, rate, 1, dtype="float32", quality="HQ")
-            if utterance.sample_rate != rate
-            else None
-        )
-        volume = utterance.request.volume
-        prebuffer = max(1, round(rate * self.config.latency_ms / 1000.0))
+        run = _Playing(self, utterance, on_first_sample)
         underruns_before = self._underruns
         xruns_before = self._xruns
-        # Arm: the callback is idle (previous utterance done or flushed).
-        self._first_at = 0.0
-        self._last_at = 0.0
-        self._end_pos = -1
-        self._start_pos = self._wpos + prebuffer
-        self._seq += 1
-        seq = self._seq
-        self._armed = True
-        reported = False
-        written = 0
-        seen = (self._callbacks, time.monotonic())
-        pending: asyncio.Task[Any] | None = None
         finished = False
-
-        def report_first() -> None:
-            nonlocal reported
-            if not reported and self._first_at != 0.0:
-                reported = True
-                on_first_sample(self._first_at)
-
-        async def check() -> None:
-            nonlocal seen
-            callbacks, at, reason = self._healthy(*seen)
-            seen = (callbacks, at)
-            if reason is not None:
-                raise await self._device_lost(reason)
-
-        async def write(samples: npt.NDArray[np.float32]) -> None:
-            nonlocal written
-            done = 0
-            total = len(samples)
-            while done < total:
-                room = self._cap - (self._wpos - self._rpos)
-                if room <= 0:
-                    report_first()
-                    await check()
-                    await asyncio.sleep(self.period_s / 2)
-                    continue
-                n = min(room, total - done)
-                start = self._wpos % self._cap
-                first = min(n, self._cap - start)
-                self._ring[start : start + first] = samples[done : done + first]
-                if first < n:
-                    self._ring[: n - first] = samples[done + first : done + n]
-                self._wpos += n
-                done += n
-            written += total
-
         try:
-            while True:
-                if pending is None:
-                    pending = asyncio.ensure_future(utterance.chunks.get())
-                await asyncio.wait((pending,), timeout=self.period_s)
-                report_first()
-                await check()
-                if not pending.done():
-                    continue
-                task, pending = pending, None
-                try:
-                    chunk = task.result()
-                except ChannelClosed:
-                    break
-                if not len(chunk):
-                    continue
-                chunk = apply_volume(chunk, volume)
-                out = resampler.resample_chunk(chunk) if resampler is not None else chunk
-                await write(np.asarray(out, np.float32))
-            if resampler is not None and written:
-                await write(np.asarray(resampler.resample_chunk(np.zeros(0, np.float32), last=True), np.float32))
-            if not written:
+            await run.feed()
+            if not run.written:
                 # Nothing to play: the callback cannot have started (nothing reached _start_pos).
                 self._armed = False
                 finished = True
                 return PlaybackReport(None, None, 0.0)
-            self._end_pos = self._wpos
-            while self._done_seq != seq:
-                report_first()
-                await check()
-                await asyncio.sleep(self.period_s / 2)
-            report_first()
-            delay = self._last_at - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await run.until_played()
             finished = True
         finally:
             if not finished:
                 self._request_flush()  # first: the callback may act before we run again
-            if pending is not None:
-                pending.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ChannelClosed):
-                    await pending
+            await run.cancel_pending()
             if not finished:
                 await self._flush()
         underruns = self._underruns - underruns_before
         xruns = self._xruns - xruns_before
         if underruns or xruns:
             log.info("speaker_underruns", id=utterance.request.id, underruns=underruns, xruns=xruns)
-        first_at = self._first_at if written else None
+        first_at = self._first_at if run.written else None
         return PlaybackReport(
             first_sample_at=first_at or None,
             last_sample_at=self._last_at if first_at else None,
-            audio_ms=1000.0 * written / rate,
+            audio_ms=1000.0 * run.written / self.rate_hz,
             underruns=underruns,
         )
 
@@ -467,3 +381,111 @@ class SpeakerSink:
             callback_p99_ms=float(np.percentile(ms, 99)),
             callback_max_ms=float(ms.max()),
         )
+
+
+class _Playing:
+    """One utterance on its way into the speaker's ring: armed on creation, fed from the chunk
+    channel, then waited for until the callback has played its last sample."""
+
+    def __init__(self, sink: SpeakerSink, utterance: Utterance, on_first_sample: FirstSample) -> None:
+        import soxr
+
+        self.sink = sink
+        self.utterance = utterance
+        self.on_first_sample = on_first_sample
+        rate = sink.rate_hz
+        self.resampler = (
+            soxr.ResampleStream(utterance.sample_rate, rate, 1, dtype="float32", quality="HQ")
+            if utterance.sample_rate != rate
+            else None
+        )
+        self.volume = utterance.request.volume
+        self.reported = False
+        self.written = 0
+        """Samples (at the device's rate) put into the ring."""
+        self.pending: asyncio.Task[Any] | None = None
+        self.seen = (sink._callbacks, time.monotonic())
+        # Arm: the callback is idle (previous utterance done or flushed).
+        sink._first_at = 0.0
+        sink._last_at = 0.0
+        sink._end_pos = -1
+        sink._start_pos = sink._wpos + max(1, round(rate * sink.config.latency_ms / 1000.0))
+        sink._seq += 1
+        self.seq = sink._seq
+        sink._armed = True
+
+    def report_first(self) -> None:
+        if not self.reported and self.sink._first_at != 0.0:
+            self.reported = True
+            self.on_first_sample(self.sink._first_at)
+
+    async def check(self) -> None:
+        """Raise AudioDeviceError when the device stopped calling back."""
+        callbacks, at, reason = self.sink._healthy(*self.seen)
+        self.seen = (callbacks, at)
+        if reason is not None:
+            raise await self.sink._device_lost(reason)
+
+    async def write(self, samples: npt.NDArray[np.float32]) -> None:
+        sink = self.sink
+        done = 0
+        total = len(samples)
+        while done < total:
+            room = sink._cap - (sink._wpos - sink._rpos)
+            if room <= 0:
+                self.report_first()
+                await self.check()
+                await asyncio.sleep(sink.period_s / 2)
+                continue
+            n = min(room, total - done)
+            start = sink._wpos % sink._cap
+            first = min(n, sink._cap - start)
+            sink._ring[start : start + first] = samples[done : done + first]
+            if first < n:
+                sink._ring[: n - first] = samples[done + first : done + n]
+            sink._wpos += n
+            done += n
+        self.written += total
+
+    async def feed(self) -> None:
+        """Every chunk into the ring until the channel closes (the resampler's tail included)."""
+        chunks = self.utterance.chunks
+        while True:
+            if self.pending is None:
+                self.pending = asyncio.ensure_future(chunks.get())
+            await asyncio.wait((self.pending,), timeout=self.sink.period_s)
+            self.report_first()
+            await self.check()
+            if not self.pending.done():
+                continue
+            task, self.pending = self.pending, None
+            try:
+                chunk = task.result()
+            except ChannelClosed:
+                break
+            if not len(chunk):
+                continue
+            chunk = apply_volume(chunk, self.volume)
+            out = self.resampler.resample_chunk(chunk) if self.resampler is not None else chunk
+            await self.write(np.asarray(out, np.float32))
+        if self.resampler is not None and self.written:
+            tail = self.resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+            await self.write(np.asarray(tail, np.float32))
+
+    async def until_played(self) -> None:
+        sink = self.sink
+        sink._end_pos = sink._wpos
+        while sink._done_seq != self.seq:
+            self.report_first()
+            await self.check()
+            await asyncio.sleep(sink.period_s / 2)
+        self.report_first()
+        delay = sink._last_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def cancel_pending(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ChannelClosed):
+                await self.pending

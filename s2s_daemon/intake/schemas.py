@@ -118,6 +118,51 @@ def decode_json_object(payload: bytes) -> tuple[dict[str, Any] | None, str | Non
     return data, None
 
 
+class _Refused(Exception):
+    """Why a payload becomes a rejection; the id and session when they could be read."""
+
+    def __init__(self, code: ErrorCode, message: str, rid: str | None = None, session: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.rid = rid
+        self.session = session
+
+
+def _read_payload(payload: bytes) -> SayPayload:
+    """A JSON object or plain UTF-8 text as a ``SayPayload``; ``_Refused`` when it is neither."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise _Refused(ErrorCode.BAD_PAYLOAD, f"payload of {len(payload)} bytes is larger than {MAX_PAYLOAD_BYTES}")
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Refused(ErrorCode.BAD_PAYLOAD, f"payload is not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    text = text.removeprefix("\ufeff")
+    if not text.lstrip().startswith("{"):
+        return SayPayload(text=text)
+    data, why = decode_json_object(payload.removeprefix(b"\xef\xbb\xbf"))
+    if data is None:
+        raise _Refused(ErrorCode.BAD_PAYLOAD, why or "bad payload")
+    rid, session = _peek_fields(data)
+    try:
+        return SayPayload.model_validate(data)
+    except ValidationError as exc:
+        raise _Refused(ErrorCode.BAD_PAYLOAD, _describe(exc), rid, session) from exc
+
+
+def _spoken_text(say: SayPayload, rules: IntakeRules, rid: str, session: str | None) -> str:
+    """The text to speak, stripped; ``_Refused`` when it is empty, too long or has NULs."""
+    if "\x00" in say.text:
+        raise _Refused(ErrorCode.BAD_PAYLOAD, "text contains NUL characters", rid, session)
+    spoken = say.text.strip()
+    if not spoken:
+        raise _Refused(ErrorCode.EMPTY_TEXT, "text is empty", rid, session)
+    if len(spoken) > rules.max_text_chars:
+        message = f"text has {len(spoken)} characters; the limit is {rules.max_text_chars}"
+        raise _Refused(ErrorCode.TEXT_TOO_LONG, message, rid, session)
+    return spoken
+
+
 def parse_say(
     payload: bytes,
     rules: IntakeRules,
@@ -128,60 +173,29 @@ def parse_say(
 ) -> Parsed:
     """Turn a say payload (JSON object or plain UTF-8 text) into a request or a rejection."""
     received = time.monotonic() if received_at is None else received_at
-
-    def rejected(code: ErrorCode, message: str, rid: str | None = None, session: str | None = None) -> Parsed:
+    try:
+        say = _read_payload(payload)
+        rid = say.id or new_request_id()
+        session = say.sessionId
+        spoken = _spoken_text(say, rules, rid, session)
+        try:
+            language = normalize_language(say.language or say.lang or rules.default_language, rules.languages)
+            voice = match_voice(say.voice, rules.voices, rules.default_voice)
+        except EngineError as exc:
+            raise _Refused(ErrorCode.parse(exc.code, ErrorCode.BAD_PAYLOAD), str(exc), rid, session) from exc
+    except _Refused as refused:
         request = SayRequest(
-            id=rid or new_request_id(),
+            id=refused.rid or new_request_id(),
             text="",
             voice=None,
             language="auto",
             site_id=rules.site_id,
-            session_id=session,
+            session_id=refused.session,
             received_at=received,
             origin=origin,
             reply_to=reply_to,
         )
-        return Parsed(request, RequestError(code, message))
-
-    if len(payload) > MAX_PAYLOAD_BYTES:
-        return rejected(ErrorCode.BAD_PAYLOAD, f"payload of {len(payload)} bytes is larger than {MAX_PAYLOAD_BYTES}")
-    try:
-        text = payload.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return rejected(ErrorCode.BAD_PAYLOAD, f"payload is not valid UTF-8 ({exc.reason} at byte {exc.start})")
-    text = text.removeprefix("\ufeff")
-    if text.lstrip().startswith("{"):
-        data, why = decode_json_object(payload.removeprefix(b"\xef\xbb\xbf"))
-        if data is None:
-            return rejected(ErrorCode.BAD_PAYLOAD, why or "bad payload")
-        rid, session = _peek_fields(data)
-        try:
-            say = SayPayload.model_validate(data)
-        except ValidationError as exc:
-            return rejected(ErrorCode.BAD_PAYLOAD, _describe(exc), rid, session)
-    else:
-        say = SayPayload(text=text)
-        rid, session = None, None
-
-    rid = say.id or new_request_id()
-    session = say.sessionId
-    if "\x00" in say.text:
-        return rejected(ErrorCode.BAD_PAYLOAD, "text contains NUL characters", rid, session)
-    spoken = say.text.strip()
-    if not spoken:
-        return rejected(ErrorCode.EMPTY_TEXT, "text is empty", rid, session)
-    if len(spoken) > rules.max_text_chars:
-        return rejected(
-            ErrorCode.TEXT_TOO_LONG,
-            f"text has {len(spoken)} characters; the limit is {rules.max_text_chars}",
-            rid,
-            session,
-        )
-    try:
-        language = normalize_language(say.language or say.lang or rules.default_language, rules.languages)
-        voice = match_voice(say.voice, rules.voices, rules.default_voice)
-    except EngineError as exc:
-        return rejected(ErrorCode.parse(exc.code, ErrorCode.BAD_PAYLOAD), str(exc), rid, session)
+        return Parsed(request, RequestError(refused.code, refused.message))
     request = SayRequest(
         id=rid,
         text=spoken,
