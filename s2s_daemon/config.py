@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from s2s_daemon.errors import ConfigError
 
 ENV_PREFIX = "S2S_"
+ENGINE_NAMES: list[str] = ["torch", "mlx"]
+"""What ``tts.engine`` may name: the built-in engines, and those registered in this process
+(``tts.registry.register_engine`` adds to it; the configuration imports no engine)."""
 NOT_CONFIG_ENV = frozenset({"S2S_CONFIG", "S2S_BENCH_REFERENCE_PYTHON"})
 """``S2S_`` variables that are not configuration keys: the file's path, the benchmark's qwen-tts python."""
 
@@ -116,10 +119,8 @@ class TtsConfig(Section):
     @field_validator("engine")
     @classmethod
     def _engine_known(cls, value: str) -> str:
-        from s2s_daemon.tts.registry import engine_names
-
-        if value not in engine_names():
-            raise ValueError(f"must be one of {', '.join(engine_names())}")
+        if value not in ENGINE_NAMES:
+            raise ValueError(f"must be one of {', '.join(ENGINE_NAMES)}")
         return value
 
 

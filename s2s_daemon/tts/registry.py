@@ -5,16 +5,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from s2s_daemon.config import ENGINE_NAMES, TtsConfig
 from s2s_daemon.errors import UnavailableError
 from s2s_daemon.tts.engine import EngineOptions, TtsEngine
 
-if TYPE_CHECKING:
-    from s2s_daemon.config import TtsConfig
-
 EngineFactory = Callable[[EngineOptions], TtsEngine]
-OptionsReader = Callable[["TtsConfig"], EngineOptions]
+OptionsReader = Callable[[TtsConfig], EngineOptions]
 """Reads an engine's own part of the ``tts`` section (its ``tts.<engine>`` block and ``tts.options``)."""
 
 
@@ -81,6 +78,8 @@ _REGISTERED: dict[str, EngineFactory] = {}
 def register_engine(name: str, factory: EngineFactory) -> None:
     """Make an extra engine available in this process (tests, plugins)."""
     _REGISTERED[name] = factory
+    if name not in ENGINE_NAMES:
+        ENGINE_NAMES.append(name)  # tts.engine may name it
 
 
 def engine_names() -> tuple[str, ...]:

@@ -1,0 +1,56 @@
+"""The package's layers (README, Layout): a module imports only from its own group or a lower row."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import s2s_daemon
+
+ROWS = [
+    {"config", "errors", "logs", "notify", "__init__"},
+    {"pipeline"},
+    {"mqtt"},
+    {"tts"},
+    {"audio"},
+    {"vad"},
+    {"intake"},
+    {"events"},
+    {"wiring", "app", "say", "cli", "__main__"},
+    {"bench", "tools", "service"},
+]
+RANK = {group: row for row, groups in enumerate(ROWS) for group in groups}
+PACKAGE = Path(s2s_daemon.__file__).parent
+
+
+def group_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "s2s_daemon":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imports(path: Path) -> list[str]:
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+    return found
+
+
+def test_every_group_has_a_row() -> None:
+    groups = {p.relative_to(PACKAGE).with_suffix("").parts[0] for p in PACKAGE.rglob("*.py")}
+    assert groups <= set(RANK), groups - set(RANK)
+
+
+def test_no_module_imports_against_the_arrows() -> None:
+    against = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        mine = path.relative_to(PACKAGE).with_suffix("").parts[0]
+        for module in imports(path):
+            theirs = group_of(module)
+            if theirs is not None and theirs != mine and RANK[theirs] > RANK[mine]:
+                against.append(f"{path.relative_to(PACKAGE)} imports {module}")
+    assert against == []
