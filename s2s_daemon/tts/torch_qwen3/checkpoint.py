@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import math
+import mmap
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from s2s_daemon.tts.engine import CheckpointError, EngineError, ModelUnavailableError
@@ -102,25 +107,12 @@ def weight_files(folder: Path) -> list[Path]:
     raise CheckpointError(f"checkpoint {folder} has no model.safetensors")
 
 
-def read_tensors(files: Iterable[Path], keep: Callable[[str], bool]) -> dict[str, torch.Tensor]:
-    """Every tensor whose name passes ``keep``; a truncated or corrupt file is a CheckpointError."""
-    out: dict[str, torch.Tensor] = {}
-    for path in files:
-        size = path.stat().st_size
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for name in f.keys():
-                    if keep(name):
-                        out[name] = f.get_tensor(name)
-        except CheckpointError:
-            raise
-        except Exception as exc:
-            raise CheckpointError(f"{path} is corrupt or incomplete ({size} bytes): {exc}") from exc
-    return out
+def safetensors_header(path: Path) -> tuple[dict[str, Any], int, str]:
+    """(header, offset of the data, sha256 of the header bytes) of a safetensors file.
 
-
-def safetensors_complete(path: Path) -> None:
-    """Check the header's byte ranges fit the file, so a partial download fails clearly, not at read time."""
+    The header's byte ranges are checked against the file size, so a partial download fails
+    clearly here, not at read time.
+    """
     try:
         with path.open("rb") as fh:
             head = fh.read(8)
@@ -129,12 +121,157 @@ def safetensors_complete(path: Path) -> None:
             n = int.from_bytes(head, "little")
             if n <= 0 or n > 100_000_000:
                 raise CheckpointError(f"{path} has an invalid header length {n}")
-            header = json.loads(fh.read(n))
-    except (OSError, ValueError) as exc:
+            raw = fh.read(n)
+            header = json.loads(raw)
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise CheckpointError(f"{path} has an unreadable header: {exc}") from exc
-    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-    if 8 + n + end > path.stat().st_size:
-        raise CheckpointError(f"{path} is truncated: header needs {8 + n + end} bytes, file has {path.stat().st_size}")
+    size = path.stat().st_size
+    if 8 + n + end > size:
+        raise CheckpointError(f"{path} is truncated: header needs {8 + n + end} bytes, file has {size}")
+    return header, 8 + n, hashlib.sha256(raw).hexdigest()
+
+
+def safetensors_complete(path: Path) -> None:
+    """Check the header's byte ranges fit the file, so a partial download fails clearly, not at read time."""
+    safetensors_header(path)
+
+
+# --------------------------------------------------------------------------- reading without keeping
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+"""safetensors' dtype names."""
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def map_file(path: Path) -> torch.Tensor:
+    """The whole file as a uint8 tensor over a private mapping: pages are read when touched, and
+    the mapping lives as long as a tensor viewing it. Nothing writes through it."""
+    with path.open("rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    return torch.frombuffer(mm, dtype=torch.uint8)
+
+
+def tensor_view(
+    base: torch.Tensor, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]
+) -> torch.Tensor:
+    """``nbytes`` of ``base`` from ``offset`` as a ``dtype`` tensor of ``shape`` (no copy)."""
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    return base[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """Where a tensor's bytes are in a safetensors file."""
+
+    file: int
+    """Index in ``TensorFiles.files``."""
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    """Offset of the data from the start of the file."""
+    nbytes: int
+
+
+class TensorFiles:
+    """The tensors of safetensors files, known from their headers; nothing is read until asked.
+
+    ``read`` copies a tensor into a buffer of its own with plain file reads; ``view`` maps it.
+    A tensor that is converted (cast, fused, packed, relaid) should be read: the pages a mapping
+    has touched stay in the process's RSS while any tensor views that mapping, although nothing
+    uses them again. A tensor used as stored should be viewed: only the pages touched are resident
+    (a lookup table's looked-up rows), and they are page cache, shared and dropped under pressure.
+    safetensors' own ``get_tensor`` is such a view of one whole-file mapping (0.8), which is why
+    loading through it kept every page read resident.
+    """
+
+    def __init__(self, files: list[Path], keep: Callable[[str], bool] = lambda name: True) -> None:
+        self.files = files
+        self.digests: list[str] = []
+        """sha256 of each file's header."""
+        self.tensors: dict[str, Stored] = {}
+        for i, path in enumerate(files):
+            header, base, digest = safetensors_header(path)
+            self.digests.append(digest)
+            size = path.stat().st_size
+            for name, entry in header.items():
+                if name == "__metadata__" or not keep(name):
+                    continue
+                bad = f"{path} is corrupt or incomplete ({size} bytes): tensor {name}"
+                try:
+                    dtype = DTYPES[str(entry["dtype"])]
+                    shape = tuple(int(d) for d in entry["shape"])
+                    begin, end = (int(o) for o in entry["data_offsets"])
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise CheckpointError(f"{bad}: {exc!r}") from exc
+                nbytes = math.prod(shape) * itemsize(dtype)
+                if begin < 0 or end - begin != nbytes or base + end > size:
+                    raise CheckpointError(f"{bad} {shape} {entry['dtype']} has bytes {begin}..{end}")
+                self.tensors[name] = Stored(i, name, dtype, shape, base + begin, nbytes)
+        self._readers: dict[int, io.FileIO] = {}
+        self._maps: dict[int, torch.Tensor] = {}
+
+    def read(self, name: str, into: torch.Tensor | None = None) -> torch.Tensor:
+        """The tensor in a buffer of its own (or in ``into``, uint8 of its size), by plain reads:
+        no mapping keeps its pages resident."""
+        s = self.tensors[name]
+        buf = torch.empty(s.nbytes, dtype=torch.uint8) if into is None else into
+        if buf.dtype != torch.uint8 or buf.numel() != s.nbytes or not buf.is_contiguous():
+            raise ValueError(f"{name} needs a contiguous uint8 buffer of {s.nbytes} bytes")
+        if s.nbytes:
+            path = self.files[s.file]
+            try:
+                fh = self._readers.get(s.file)
+                if fh is None:
+                    fh = self._readers[s.file] = path.open("rb", buffering=0)
+                fh.seek(s.start)
+                view = buf.numpy().data
+                done = 0
+                while done < s.nbytes:
+                    got = fh.readinto(view[done:])
+                    if not got:
+                        raise CheckpointError(f"{path} ended inside tensor {name}")
+                    done += got
+            except OSError as exc:
+                raise CheckpointError(f"{path} cannot be read: {exc}") from exc
+        return buf.view(s.dtype).reshape(s.shape)
+
+    def view(self, name: str) -> torch.Tensor:
+        """The tensor as a view of a private mapping of its file: its pages are read when touched."""
+        s = self.tensors[name]
+        if s.start % itemsize(s.dtype):  # not at an aligned offset: a view of another dtype is refused
+            return self.read(name)
+        base = self._maps.get(s.file)
+        if base is None:
+            try:
+                base = self._maps[s.file] = map_file(self.files[s.file])
+            except (OSError, ValueError) as exc:
+                raise CheckpointError(f"{self.files[s.file]} cannot be mapped: {exc}") from exc
+        return tensor_view(base, s.start, s.nbytes, s.dtype, s.shape)
+
+    def close(self) -> None:
+        """Close the files ``read`` opened and forget the mappings (views keep theirs)."""
+        for fh in self._readers.values():
+            fh.close()
+        self._readers.clear()
+        self._maps.clear()
 
 
 STORED_DTYPE_TENSORS = ("talker.model.text_embedding.weight",)
@@ -145,31 +282,31 @@ released models, 1.2 GB as float32) whose rows are cast when looked up, which is
 def load_weights(module: nn.Module, folder: Path, device: torch.device, dtype: torch.dtype | None) -> None:
     """Load the talker tensors into ``module`` (built on the meta device) with exact name and shape checks.
 
-    ``dtype`` None keeps every tensor in the checkpoint's dtype (the caller packs and casts after).
-    Tensors are converted one at a time, so the peak holds one copy of the model plus one tensor.
+    ``dtype`` None keeps every tensor in the checkpoint's dtype. Tensors are read one at a time
+    into buffers of their own (``TensorFiles.read``) and converted, so the peak holds one copy of
+    the model plus one tensor; only ``STORED_DTYPE_TENSORS`` stay views of the file (on the CPU).
+    The native CPU path does not come here: ``prepared.load_talker`` packs linear by linear.
     """
-    files = weight_files(folder)
-    for path in files:
-        safetensors_complete(path)
-    tensors = read_tensors(files, lambda name: not name.startswith(IGNORED_PREFIXES))
-    expected = {name: p.shape for name, p in module.state_dict().items()}
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
+    files = TensorFiles(weight_files(folder), lambda name: not name.startswith(IGNORED_PREFIXES))
+    expected = {name: tuple(p.shape) for name, p in module.state_dict().items()}
+    missing = sorted(set(expected) - set(files.tensors))
+    unexpected = sorted(set(files.tensors) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
             f"checkpoint tensors do not match the model: missing {missing[:8]}{'...' if len(missing) > 8 else ''}"
             f" ({len(missing)}), unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''} ({len(unexpected)})"
         )
     for name, shape in expected.items():
-        if tuple(tensors[name].shape) != tuple(shape):
-            raise CheckpointError(
-                f"tensor {name} has shape {tuple(tensors[name].shape)}, config implies {tuple(shape)}"
-            )
+        if files.tensors[name].shape != shape:
+            raise CheckpointError(f"tensor {name} has shape {files.tensors[name].shape}, config implies {shape}")
     state = {}
-    for name in list(tensors):
-        t = tensors.pop(name)
-        keep = dtype is None or name in STORED_DTYPE_TENSORS
-        state[name] = t.to(device=device) if keep else t.to(device=device, dtype=dtype)
+    try:
+        for name in expected:
+            stored = name in STORED_DTYPE_TENSORS
+            t = files.view(name) if stored and device.type == "cpu" else files.read(name)
+            state[name] = t.to(device=device) if dtype is None or stored else t.to(device=device, dtype=dtype)
+    finally:
+        files.close()
     module.load_state_dict(state, strict=True, assign=True)
 
 

@@ -64,7 +64,6 @@ from typing import Any
 import structlog
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import Tensor, nn
 
 from s2s_daemon.tts.torch_qwen3.layers import apply_rope, no_weight_init
@@ -635,8 +634,9 @@ class CodecDecoder(nn.Module):
         sample_rate = int(raw.get("output_sample_rate", 24000))
         with no_weight_init(), torch.device("meta"):
             model = cls(cfg, sample_rate)
-        state = _read_prefixed(folder / "model.safetensors", "decoder.")
+        state = _read_decoder(folder / "model.safetensors", model, torch.device(device), dtype)
         model.load_state_dict(state, strict=True, assign=True)
+        del state
         inv_freq = model.pre_transformer.inv_freq  # float32; .to(dtype) below would round it
         model = model.to(device=device, dtype=dtype).eval()
         if model._device().type == "cpu":
@@ -765,11 +765,27 @@ class StreamingDecodeState:
         return torch.zeros(0, device=self._decoder._device(), dtype=self._decoder.pre_conv.conv.weight.dtype)
 
 
-def _read_prefixed(path: Path, prefix: str) -> dict[str, Tensor]:
-    """Tensors of a safetensors file whose key starts with ``prefix``, prefix removed."""
+def _read_decoder(path: Path, model: CodecDecoder, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
+    """The ``decoder.*`` tensors of a speech-tokenizer file, prefix removed, for ``model`` (on meta).
+
+    Tensors used as stored are views of the file's mapping (pages read when first used); those
+    that loading converts (cast to ``dtype``, moved to another device, or relaid by
+    ``CausalConvTranspose1d.relayout``) are read into buffers of their own, so the mapping's
+    pages of their stored form never become resident beside the converted copy.
+    """
+    from s2s_daemon.tts.torch_qwen3.checkpoint import TensorFiles
+
+    prefix = "decoder."
+    # inv_freq is derived, never needed
+    files = TensorFiles([path], lambda key: key.startswith(prefix) and not key.endswith("rotary_emb.inv_freq"))
+    relaid = {f"{name}.conv.weight" for name, m in model.named_modules() if isinstance(m, CausalConvTranspose1d)}
     out: dict[str, Tensor] = {}
-    with safe_open(str(path), framework="pt") as f:
-        for key in f.keys():
-            if key.startswith(prefix) and not key.endswith("rotary_emb.inv_freq"):  # derived, never needed
-                out[key[len(prefix) :]] = f.get_tensor(key)
+    try:
+        for key, stored in files.tensors.items():
+            name = key[len(prefix) :]
+            cast = stored.dtype.is_floating_point and stored.dtype != dtype
+            converted = name in relaid or device.type != "cpu" or cast
+            out[name] = files.read(key) if converted else files.view(key)
+    finally:
+        files.close()
     return out

@@ -43,7 +43,7 @@ from s2s_daemon.tts.engine import (
     UnknownVoiceError,
 )
 from s2s_daemon.tts.torch_qwen3 import memory
-from s2s_daemon.tts.torch_qwen3.checkpoint import cast_floating, load_weights, resolve_checkpoint
+from s2s_daemon.tts.torch_qwen3.checkpoint import load_weights, resolve_checkpoint
 from s2s_daemon.tts.torch_qwen3.config import (
     GenerationSettings,
     ModelConfig,
@@ -192,29 +192,7 @@ class TorchQwen3Engine:
         gen = load_generation_settings(folder)
         tokenizer = self._load_tokenizer(folder)
         dtype, weight_format, ext = self._weight_format(device, dtype, quantization, kernels)
-        with no_weight_init(), torch.device("meta"):
-            weights = Qwen3TtsWeights(cfg.talker)
-        # Packed formats read the checkpoint's own dtype (bf16 in the released models) and pack
-        # linear by linear, so a float32 copy of the whole model never exists.
-        packed_from_stored = ext is not None and weight_format in ("int8", "int4", "bfloat16")
-        load_weights(weights, folder, device, None if packed_from_stored else dtype)
-        weights.eval()
-        weights.requires_grad_(False)
-        fuse_projections(weights)
-        if ext is not None:
-            from s2s_daemon.tts.torch_qwen3.native import fuse_stacks, pack_linears
-
-            pack_linears(weights.talker, weight_format, ext)
-            cast_floating(weights, dtype)
-            fuse_stacks(weights.talker, ext)
-        elif weight_format == "int8":
-            from s2s_daemon.tts.torch_qwen3.quant import quantize_linears
-
-            quantize_linears(weights.talker)
-        else:
-            matvec_layout(weights.talker)
-            small_batch_linears(weights.talker)
-        self.codec = self._load_codec(folder, device, dtype, ext)
+        weights, self.codec = self._load_weights(cfg, folder, device, dtype, weight_format, ext)
         if cfg.mode == "base":
             self._load_clone_encoders(folder, device, dtype)
         runtime = TalkerRuntime(weights, cfg, device, dtype)
@@ -246,6 +224,39 @@ class TorchQwen3Engine:
             load_s=round(time.perf_counter() - started, 2),
         )
         return self.info
+
+    def _load_weights(
+        self, cfg: ModelConfig, folder: Path, device: torch.device, dtype: torch.dtype, weight_format: str, ext: Any
+    ) -> tuple[Qwen3TtsWeights, Any]:
+        """(talker weights, codec decoder)."""
+        if ext is not None:
+            # Native kernels: the talker prepared linear by linear from the checkpoint (never a
+            # float32 copy of the model) or mapped from the prepared-weights cache (prepared.py).
+            from s2s_daemon.tts.torch_qwen3.prepared import load_talker
+
+            weights = load_talker(cfg, folder, weight_format, ext, dtype, self.options.extra.get("prepared_cache"))
+        else:
+            weights = self._load_torch_talker(cfg, folder, device, dtype, weight_format)
+        return weights, self._load_codec(folder, device, dtype, ext)
+
+    def _load_torch_talker(
+        self, cfg: ModelConfig, folder: Path, device: torch.device, dtype: torch.dtype, weight_format: str
+    ) -> Qwen3TtsWeights:
+        """The talker for torch's own kernels: float weights in ``dtype``, or FBGEMM int8 linears."""
+        with no_weight_init(), torch.device("meta"):
+            weights = Qwen3TtsWeights(cfg.talker)
+        load_weights(weights, folder, device, dtype)
+        weights.eval()
+        weights.requires_grad_(False)
+        fuse_projections(weights)
+        if weight_format == "int8":
+            from s2s_daemon.tts.torch_qwen3.quant import quantize_linears
+
+            quantize_linears(weights.talker)
+        else:
+            matvec_layout(weights.talker)
+            small_batch_linears(weights.talker)
+        return weights
 
     def _load_tokenizer(self, folder: Path) -> Any:
         """The Qwen2 BPE tokenizer; AutoTokenizer only for a checkpoint naming another class."""

@@ -23,6 +23,10 @@ def fused_linear(parts: list[nn.Linear]) -> nn.Linear:
     has_bias = parts[0].bias is not None
     with no_weight_init(), torch.device("meta"):  # the weights are assigned below: no random init
         fused = nn.Linear(parts[0].in_features, out_features, bias=has_bias)
+    if parts[0].weight.is_meta:
+        # A skeleton whose weights come later (prepared.py): the meta shapes are all it needs, and
+        # torch.cat on meta tensors imports torch._dynamo for its meta kernel (2 s on the CI box).
+        return fused
     fused.weight = nn.Parameter(torch.cat([p.weight.detach() for p in parts], dim=0), requires_grad=False)
     if has_bias:
         fused.bias = nn.Parameter(

@@ -45,6 +45,10 @@ FORMATS = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}
 INT4_GROUP = 64
 """Inputs per 4-bit group (a float32 scale and min each): 5 bits a weight (MLX's 4bit, with float16 scales: 4.5)."""
 
+PACK_LAYOUT = 1
+"""Version of what ``_pack`` writes (row pairing, nibble order, scale and min layout); bump it with
+any change there. Prepared weights (``prepared.py``) are keyed by it and by ``linear.cpp``'s digest."""
+
 EXTENSION_NAME = "s2s_qwen3_linear"
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
@@ -69,8 +73,8 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def why_not_here() -> str | None:
-    """Why this machine cannot build or run the kernels, or None when it can."""
+def why_not_this_cpu() -> str | None:
+    """Why this machine cannot run the kernels (built or not), or None when it can."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"the kernels are AVX2 code and this CPU is {platform.machine()}"
     if platform.system() != "Linux":
@@ -78,6 +82,14 @@ def why_not_here() -> str | None:
     missing = {"avx2", "fma"} - _cpu_flags()
     if missing:
         return f"this CPU lacks {', '.join(sorted(missing))}"
+    return None
+
+
+def why_not_here() -> str | None:
+    """Why this machine cannot build or run the kernels, or None when it can."""
+    reason = why_not_this_cpu()
+    if reason is not None:
+        return reason
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         return f"no C++ compiler ({compiler}) on PATH"
@@ -128,6 +140,11 @@ def build_key() -> dict[str, str]:
     }
 
 
+def layout_key() -> str:
+    """What packed weights depend on besides their source: ``PACK_LAYOUT`` and the kernels' source."""
+    return f"{PACK_LAYOUT}-{hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]}"
+
+
 def build_folder(key: dict[str, str] | None = None) -> Path:
     """The folder of this environment's build: readable prefix, digest of ``build_key()``."""
     key = build_key() if key is None else key
@@ -169,8 +186,13 @@ def load() -> Any:
     with _lock:
         if "module" in _state:
             return _state["module"]
+        module = _import_built() if why_not_this_cpu() is None else None
+        if module is not None:
+            log.debug("native_kernels_cached", folder=str(build_folder()))
+            _state["module"] = module
+            _state["reason"] = None
+            return module
         reason = why_not_here()
-        module = None
         if reason is None:
             from torch.utils.cpp_extension import load as build
 
@@ -206,6 +228,30 @@ def load() -> Any:
         _state["module"] = module
         _state["reason"] = reason
         return module
+
+
+def _import_built() -> Any:
+    """This environment's built extension, imported directly; None when there is none or it does
+    not import (``load`` then takes torch's route, which rebuilds it where needed).
+
+    What ``cpp_extension.load`` does for an up-to-date build, without importing cpp_extension
+    (and setuptools) and running ninja to check it: 0.2-0.3 s of every start on the CI box. The
+    folder is keyed by the source, flags and toolchain (``build_key``), so a build in it is current.
+    """
+    import importlib.util
+
+    path = build_folder() / f"{EXTENSION_NAME}.so"
+    if not path.is_file():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(EXTENSION_NAME, path)
+        if spec is None or spec.loader is None:
+            return None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError):
+        return None
+    return module
 
 
 def unavailable_reason() -> str | None:
@@ -272,13 +318,50 @@ class PackedLinear(nn.Module):
         super().__init__()
         if fmt not in FORMATS:
             raise ValueError(f"unknown weight format {fmt!r}")
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
+        data, scales, mins = _pack(linear.weight, fmt, group, ext)
+        bias = linear.bias.detach().float().contiguous() if linear.bias is not None else None
+        self._setup(fmt, data, scales, mins, bias, linear.in_features, linear.out_features, ext, group)
+
+    @classmethod
+    def from_parts(
+        cls,
+        fmt: str,
+        data: torch.Tensor,
+        scales: torch.Tensor | None,
+        mins: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        in_features: int,
+        out_features: int,
+        ext: Any,
+        group: int = INT4_GROUP,
+    ) -> PackedLinear:
+        """A layer over tensors already in ``fmt`` (as ``_pack`` makes them; e.g. memory-mapped
+        prepared weights, which it shares, not copies); the extension checks their sizes."""
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown weight format {fmt!r}")
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._setup(fmt, data, scales, mins, bias, in_features, out_features, ext, group)
+        return self
+
+    def _setup(
+        self,
+        fmt: str,
+        data: torch.Tensor,
+        scales: torch.Tensor | None,
+        mins: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        in_features: int,
+        out_features: int,
+        ext: Any,
+        group: int,
+    ) -> None:
+        self.in_features = in_features
+        self.out_features = out_features
         self.fmt = fmt
         self.group = group if fmt == "int4" else 0
-        data, scales, mins = _pack(linear.weight, fmt, group, ext)
         self.data, self.scales, self.mins = data, scales, mins
-        self.bias = linear.bias.detach().float().contiguous() if linear.bias is not None else None
+        self.bias = bias
         self._code = FORMATS[fmt]
         self._ext = ext
         self._max_rows = int(ext.MAX_BLOCKED_ROWS)
@@ -311,12 +394,17 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.fmt}"
 
 
+def packable(in_features: int, fmt: str, group: int = INT4_GROUP) -> bool:
+    """Whether the kernels take a linear of ``in_features`` inputs in ``fmt`` (blocks of 32, int4 groups)."""
+    return in_features % (group if fmt == "int4" else 32) == 0
+
+
 def pack_linears(root: nn.Module, fmt: str, ext: Any, group: int = INT4_GROUP) -> int:
     """Replace every ``nn.Linear`` under ``root`` whose input width the kernels take; returns how many."""
     count = 0
     for module in list(root.modules()):
         for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear) and child.in_features % (group if fmt == "int4" else 32) == 0:
+            if isinstance(child, nn.Linear) and packable(child.in_features, fmt, group):
                 setattr(module, child_name, PackedLinear(child, fmt, ext, group))
                 count += 1
     log.info("native_linears", fmt=fmt, linears=count)
