@@ -18,8 +18,11 @@ ENV_PREFIX = "S2S_"
 ENGINE_NAMES: list[str] = ["torch", "mlx"]
 """What ``tts.engine`` may name: the built-in engines, and those registered in this process
 (``tts.registry.register_engine`` adds to it; the configuration imports no engine)."""
-NOT_CONFIG_ENV = frozenset({"S2S_CONFIG", "S2S_BENCH_REFERENCE_PYTHON"})
-"""``S2S_`` variables that are not configuration keys: the file's path, the benchmark's qwen-tts python."""
+NOT_CONFIG_ENV = frozenset({"S2S_CONFIG", "S2S_BENCH_REFERENCE_PYTHON", "S2S_PREPARED_CACHE"})
+"""``S2S_`` variables that are not configuration keys: the file's path, the benchmark's qwen-tts
+python, the torch engine's prepared-weights folder."""
+NOT_CONFIG_ENV_PREFIXES = ("S2S_GPU_",)
+"""Families of them: ``scripts/gpu_check.sh``'s settings."""
 
 
 class Section(BaseModel):
@@ -252,7 +255,7 @@ def _env_overrides(environ: Mapping[str, str]) -> EnvOverrides:
     tree: dict[str, Any] = {}
     origins: dict[tuple[str, ...], str] = {}
     for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or name in NOT_CONFIG_ENV:
+        if not name.startswith(ENV_PREFIX) or name in NOT_CONFIG_ENV or name.startswith(NOT_CONFIG_ENV_PREFIXES):
             continue
         path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__") if part]
         if not path:

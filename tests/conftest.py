@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -8,6 +10,11 @@ import structlog
 
 from tests.support.broker import Mosquitto
 from tests.support.tone_engine import register
+
+# The torch engine's prepared weights (packed talkers) of the tests' throwaway checkpoints go to a
+# folder of this run, not the user's cache (subprocess daemons inherit it).
+_PREPARED = tempfile.TemporaryDirectory(prefix="s2s-prepared-")
+os.environ.setdefault("S2S_PREPARED_CACHE", _PREPARED.name)
 
 register()
 

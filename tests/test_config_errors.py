@@ -105,3 +105,8 @@ def test_check_config_exits_78_naming_the_variable_and_the_suggestion(tmp_path: 
     assert result.returncode == 78, result.stderr
     assert "S2S_MQTT__PORT=abc (environment): mqtt.port: Input should be a valid integer" in result.stderr
     assert f"{path}: mqtt.prot: unknown key; did you mean mqtt.port?" in result.stderr
+
+
+def test_variables_that_are_not_configuration_keys_are_left_alone() -> None:
+    env = {"S2S_PREPARED_CACHE": "0", "S2S_GPU_DEVICE": "cpu", "S2S_BENCH_REFERENCE_PYTHON": "/x", "S2S_CONFIG": "/y"}
+    assert load_config(None, env).mqtt.port == 1883
