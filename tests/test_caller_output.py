@@ -82,7 +82,9 @@ async def pipeline(
 async def test_caller_audio_arrives_while_the_speaker_still_plays() -> None:
     dispatcher, events, requests, tasks, worker = await pipeline()
     try:
-        dispatcher.submit(request("room", "x" * 100))  # four seconds on the speaker
+        room = dispatcher.submit(request("room", "x" * 100))  # four seconds on the speaker
+        while room.timeline.first_sample_out is None:  # noqa: ASYNC110 -- until it plays in the room
+            await asyncio.sleep(0.01)
         stream = CallerStream()
         job = dispatcher.submit(request("caller", "y" * 25, stream))  # one second of audio
         began = time.monotonic()

@@ -102,8 +102,8 @@ async def test_stop_current_one_and_all(tmp_path: Path, mosquitto: Mosquitto) ->
 
 
 async def test_stop_before_the_first_sample_is_cancelled_not_interrupted(tmp_path: Path, mosquitto: Mosquitto) -> None:
-    # a tenth of real time: the first chunk takes at least 0.8 s to synthesize
-    slow = {"tts": {"options": {"speed": "0.1", "ms_per_char": "40"}}}
+    # real time in chunks of 2 s: the first chunk takes 1.7-2 s to synthesize
+    slow = {"tts": {"chunk_frames": 25, "options": {"speed": "1", "ms_per_char": "40"}}}
     async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto, **slow)):
         await online(rec)
         await rec.say(SAY, {"id": "silent", "text": "stopped while it is still being synthesized"})
@@ -113,7 +113,8 @@ async def test_stop_before_the_first_sample_is_cancelled_not_interrupted(tmp_pat
         assert fin["status"] == "cancelled" and fin["audioMs"] == 0 and "error" not in fin
         assert not any(p["id"] == "silent" for p in rec.payloads("/tts/started"))
         # and once some of it was heard, a stop is an interruption with the audio heard so far
-        await rec.say(SAY, {"id": "heard", "text": "a sentence long enough to be cut short while it plays"})
+        long_text = "a sentence long enough to be cut short while it plays; " * 4  # 9 s, made at real time
+        await rec.say(SAY, {"id": "heard", "text": long_text})
         await rec.wait_for(lambda: any(p["id"] == "heard" for p in rec.payloads("/tts/started")), 15)
         await rec.client.publish(STOP, b"{}", qos=1)
         fin = (await rec.wait_finished(["heard"]))["heard"]

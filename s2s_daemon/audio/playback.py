@@ -8,12 +8,25 @@ import time
 
 import structlog
 
+from s2s_daemon.audio.pacing import Pacer
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher, Failed, FirstSample, OnSpeaker, PlaybackEnded, Released
-from s2s_daemon.pipeline.messages import AudioOutput, ErrorCode, PlaybackReport, Utterance
+from s2s_daemon.pipeline.jobs import (
+    Dispatcher,
+    Failed,
+    FirstSample,
+    Job,
+    OnSpeaker,
+    PlaybackEnded,
+    Prebuffered,
+    Released,
+)
+from s2s_daemon.pipeline.messages import AudioOutput, ErrorCode, PlaybackReport, Status, Utterance
 
 log = structlog.get_logger(__name__)
+
+POLL_S = 0.02
+"""How often a slow engine's buffer is looked at while the speaker waits for it."""
 
 
 class PlaybackStage:
@@ -21,6 +34,8 @@ class PlaybackStage:
         self.sink = sink
         self.utterances = utterances
         self.dispatcher = dispatcher
+        self.pacer = Pacer()
+        """What the speaker learns of the engine's speed (gapless playback on slow hardware)."""
 
     async def run(self) -> None:
         # The speaker plays one utterance after another (one more waits in ``speaker``); a
@@ -58,6 +73,9 @@ class PlaybackStage:
             return
         if speaker:
             ledger.record(job, OnSpeaker(time.monotonic()))
+            waited = await self._prebuffer(job, utterance)
+            if waited > 0:
+                ledger.record(job, Prebuffered(time.monotonic(), waited))
         task: asyncio.Task[PlaybackReport] = asyncio.create_task(
             sink.play(utterance, lambda at: ledger.record(job, FirstSample(at))),
             name=f"s2s.playback.{utterance.request.id}",
@@ -87,3 +105,30 @@ class PlaybackStage:
             ledger.record(job, PlaybackEnded(now))
         else:
             ledger.record(job, PlaybackEnded(now, task.result()))
+        if speaker and job.status is Status.COMPLETED:  # what the engine does when it runs to the end
+            self.pacer.learn(job.timeline, len(job.request.text))
+
+    async def _prebuffer(self, job: Job, utterance: Utterance) -> float:
+        """Hold the first sample until enough audio is buffered for the rest to arrive in time
+        (``audio/pacing.py``); seconds of audio buffered when it waited, else 0."""
+        tl, chunks = job.timeline, utterance.chunks
+        rate = self.pacer.rate
+        if rate is not None and rate >= 1.05:
+            return 0.0
+        chars = len(job.request.text)
+        need: float | None = None
+        waited = False
+        while not chunks.closed and not job.should_stop() and len(chunks) < chunks.maxsize - 1:
+            if rate is None and tl.chunks >= 2 and tl.first_chunk is not None:
+                # This utterance's own rate since its first chunk (which carries the prefill).
+                since = max(time.monotonic() - tl.first_chunk, 1e-3)
+                rate = (tl.audio_s - tl.audio_s / tl.chunks) / since
+            if rate is not None and need is None:
+                need = self.pacer.needed_s(rate, chars)
+                if need > 0:
+                    log.info("prebuffering", rate=round(rate, 2), need_s=round(need, 2))
+            if need is not None and tl.audio_s >= need:
+                break
+            waited = waited or need is None or need > 0
+            await asyncio.sleep(POLL_S)
+        return tl.audio_s if waited and need else 0.0

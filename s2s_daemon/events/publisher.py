@@ -76,6 +76,7 @@ def latency_payload(job: Job, info: EngineInfo) -> dict[str, object]:
         "e2eMs": _ms(tl.last_sample_played, tl.received),
         "chunks": tl.chunks,
         "underruns": tl.underruns,
+        "prebufferMs": round(tl.prebuffer_s * 1000.0, 1),
     }
 
 

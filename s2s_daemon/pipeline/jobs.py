@@ -47,6 +47,8 @@ class Timeline:
     audio_s: float = 0.0
     """Seconds of audio synthesized."""
     underruns: int = 0
+    prebuffer_s: float = 0.0
+    """Audio buffered before the first sample because the engine was slower than real time."""
     played_ms: float | None = None
     """Milliseconds of audio delivered: the sink's report, or estimated when playback was stopped."""
 
@@ -98,6 +100,14 @@ class OnSpeaker:
 
 
 @dataclass(frozen=True, slots=True)
+class Prebuffered:
+    """The speaker waited for ``seconds`` of audio before its first sample (a slow engine)."""
+
+    at: float
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class FirstSample:
     """The first sample left for the device (or the caller)."""
 
@@ -120,7 +130,17 @@ class Released:
     at: float
 
 
-StageEvent = SynthesisStarted | ChunkMade | SynthesisEnded | Failed | OnSpeaker | FirstSample | PlaybackEnded | Released
+StageEvent = (
+    SynthesisStarted
+    | ChunkMade
+    | SynthesisEnded
+    | Failed
+    | OnSpeaker
+    | Prebuffered
+    | FirstSample
+    | PlaybackEnded
+    | Released
+)
 
 
 @dataclass(slots=True, eq=False)
@@ -324,6 +344,8 @@ class Dispatcher:
                 job.cancelled = True  # the engine stops; what was already made still plays
             case OnSpeaker(_):
                 self.current = job
+            case Prebuffered(_, seconds):
+                tl.prebuffer_s = seconds
             case FirstSample(at):
                 if tl.first_sample_out is None:
                     tl.first_sample_out = at

@@ -1,0 +1,135 @@
+"""Gapless on slow hardware: an engine slower than real time makes the speaker wait before the
+first sample until the rest will arrive in time; a fast one keeps the short start."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from s2s_daemon.audio.pacing import Pacer
+from s2s_daemon.audio.playback import PlaybackStage
+from s2s_daemon.events.publisher import latency_payload
+from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
+from s2s_daemon.pipeline.jobs import Dispatcher, Job, Timeline
+from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, SayRequest, Utterance
+from s2s_daemon.pipeline.queue import RequestQueue
+from s2s_daemon.pipeline.vocabulary import EngineInfo
+from s2s_daemon.tts.engine import EngineOptions
+from s2s_daemon.tts.registry import create_engine
+from s2s_daemon.tts.stage import TtsStage
+from s2s_daemon.tts.worker import EngineWorker
+
+INFO = EngineInfo("tone", "tone", "cpu", 24000)
+GAP_S = 0.03
+"""A wait for the next chunk longer than this, once playing, is an audible gap."""
+
+
+class RealTimeSpeaker:
+    """Plays each chunk for as long as it lasts and notes every wait for the next one."""
+
+    name = "speaker"
+
+    def __init__(self) -> None:
+        self.gaps: dict[str, list[float]] = {}
+
+    async def open(self) -> None:
+        return None
+
+    async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport:
+        gaps = self.gaps.setdefault(utterance.request.id, [])
+        first = None
+        samples = 0
+        while True:
+            asked = time.monotonic()
+            try:
+                chunk = await utterance.chunks.get()
+            except ChannelClosed:
+                break
+            if first is None:
+                first = time.monotonic()
+                on_first_sample(first)
+            elif (waited := time.monotonic() - asked) > GAP_S:
+                gaps.append(waited)
+            samples += len(chunk)
+            await asyncio.sleep(len(chunk) / utterance.sample_rate)
+        return PlaybackReport(first, time.monotonic(), 1000.0 * samples / utterance.sample_rate)
+
+    async def close(self) -> None:
+        return None
+
+
+class Events:
+    def __init__(self) -> None:
+        self.done: dict[str, Job] = {}
+
+    def started(self, job: Job) -> None:
+        return None
+
+    def finished(self, job: Job) -> None:
+        self.done[job.request.id] = job
+
+    def state_changed(self) -> None:
+        return None
+
+
+async def speak(speed: str, texts: list[str]) -> tuple[RealTimeSpeaker, Events]:
+    engine = create_engine("tone", EngineOptions(model="tone", extra={"speed": speed, "ms_per_char": "40"}))
+    worker = EngineWorker(engine)
+    info = await worker.load()
+    events = Events()
+    requests = RequestQueue(8)
+    ledger = Dispatcher(requests, events, 64)
+    utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
+    speaker = RealTimeSpeaker()
+    tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=2)
+    playback = PlaybackStage(speaker, utterances, ledger)
+    tasks = [asyncio.create_task(tts.run()), asyncio.create_task(playback.run())]
+    try:
+        for i, text in enumerate(texts):
+            job = ledger.submit(SayRequest(id=f"u{i}", text=text, voice=None, language="auto", site_id="t"))
+            await asyncio.wait_for(job.done.wait(), 30)  # one at a time: each starts from an idle engine
+    finally:
+        requests.close()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        await worker.close()
+    return speaker, events
+
+
+async def test_a_slow_engine_is_played_without_gaps() -> None:
+    text = "a sentence of about two seconds of audio, more or less"  # 55 chars x 40 ms
+    speaker, events = await speak("0.6", [text, text])
+    for rid in ("u0", "u1"):
+        assert speaker.gaps[rid] == [], (rid, speaker.gaps[rid])
+        payload = latency_payload(events.done[rid], INFO)
+        assert events.done[rid].timeline.prebuffer_s > 0  # and the latency event says what was waited for
+        assert payload["prebufferMs"] == round(events.done[rid].timeline.prebuffer_s * 1000.0, 1)
+
+
+async def test_without_pacing_the_same_engine_stutters() -> None:
+    original = Pacer.needed_s
+    Pacer.needed_s = lambda self, rate, chars: 0.0  # type: ignore[method-assign]
+    try:
+        text = "a sentence of about two seconds of audio, more or less"
+        speaker, _ = await speak("0.6", [text])
+    finally:
+        Pacer.needed_s = original  # type: ignore[method-assign]
+    assert speaker.gaps["u0"], "the control run should stutter, or the test above proves nothing"
+
+
+async def test_a_fast_engine_keeps_the_short_start() -> None:
+    text = "a sentence of about two seconds of audio, more or less"
+    _, events = await speak("4", [text, text])
+    second = events.done["u1"].timeline
+    assert second.prebuffer_s == 0.0
+    assert second.first_sample_out is not None and second.first_chunk is not None
+    assert second.first_sample_out - second.first_chunk < 0.05
+
+
+def test_the_buffer_asked_for_follows_the_formula() -> None:
+    pacer = Pacer()
+    tl = Timeline(received=0.0, synth_started=0.0, synth_done=8.0, audio_s=4.0)  # half real time
+    pacer.learn(tl, chars=50)
+    assert pacer.rate == 0.5
+    expected = 50 * pacer.seconds_per_char
+    assert abs(pacer.needed_s(0.5, 50) - expected * 0.5 * 1.15) < 1e-9
+    assert pacer.needed_s(2.0, 50) == 0.0
