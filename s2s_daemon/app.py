@@ -18,7 +18,7 @@ from s2s_daemon.events.discovery import HaDiscovery
 from s2s_daemon.events.memory import memory_payload
 from s2s_daemon.events.publisher import MqttEvents, now_ms
 from s2s_daemon.intake.http import open_http_server, require_http_extra
-from s2s_daemon.intake.mqtt import MqttIntake
+from s2s_daemon.intake.mqtt import DurableEvents, MqttIntake
 from s2s_daemon.intake.schemas import IntakeRules
 from s2s_daemon.mqtt.broker import EmbeddedBroker
 from s2s_daemon.mqtt.connection import MqttProtocol
@@ -26,7 +26,8 @@ from s2s_daemon.mqtt.link import MqttLink
 from s2s_daemon.mqtt.messages import OutMessage
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.notify import SystemdNotifier
-from s2s_daemon.pipeline.jobs import Dispatcher
+from s2s_daemon.pipeline.jobs import Dispatcher, JobEvents
+from s2s_daemon.pipeline.journal import Recovered, RequestJournal, default_journal_path
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError
 from s2s_daemon.pipeline.vocabulary import EngineInfo
 from s2s_daemon.tts.worker import EngineWorker
@@ -101,7 +102,14 @@ class Daemon:
         if cfg.wyoming.enabled:
             require_wyoming()
         require_http_extra(cfg.http)  # exit 69 before the model loads
-        worker, info = await load_engine(cfg)
+        journal = self._journal()
+        recovered = journal.open() if journal is not None else None  # unwritable: exit 69 naming the path
+        try:
+            worker, info = await load_engine(cfg)
+        except BaseException:
+            if journal is not None:
+                journal.close()
+            raise
         sink: AudioSink | None = None
         try:
             if cfg.tts.warmup:
@@ -118,8 +126,10 @@ class Daemon:
                 await broker.start()
             if self._stop.is_set():
                 return EXIT_OK
-            return await self._serve(worker, info, sink)
+            return await self._serve(worker, info, sink, journal, recovered)
         finally:
+            if journal is not None:
+                journal.close()  # commits what the drain left (the last acknowledgements)
             if sink is not None:
                 with contextlib.suppress(AudioDeviceError):
                     await sink.close()
@@ -128,9 +138,28 @@ class Daemon:
                 await broker.stop()
             self.notifier.close()
 
-    async def _serve(self, worker: EngineWorker, info: EngineInfo, sink: AudioSink) -> int:
+    def _journal(self) -> RequestJournal | None:
+        cfg = self.config
+        if not cfg.journal.enabled:
+            log.warning("journal_disabled", consequence="requests queued at a crash are lost")
+            return None
+        path = cfg.journal.path or default_journal_path(cfg.site_id)
+        return RequestJournal(path, cfg.queue.dedup_window, cfg.journal.synchronous)
+
+    async def _serve(
+        self,
+        worker: EngineWorker,
+        info: EngineInfo,
+        sink: AudioSink,
+        journal: RequestJournal | None = None,
+        recovered: Recovered | None = None,
+    ) -> int:
         """ready -> run -> drain, with every long-lived task in one group."""
-        wiring = await self._wire(worker, info, sink)
+        wiring = await self._wire(worker, info, sink, journal)
+        if wiring.durable is not None and recovered is not None:
+            queued, expired = wiring.durable.resume(recovered, self.config.queue.resume_max_age_s)
+            if recovered.open or recovered.unsent:
+                log.info("journal_resumed", queued=queued, expired=expired, republished=len(recovered.unsent))
         async with asyncio.TaskGroup() as tg:
             tasks = self._start(tg, wiring, worker)
             self.notifier.ready(f"ready: {info.engine} {info.model} on {info.device}")
@@ -140,14 +169,20 @@ class Daemon:
         log.info("stopped")
         return EXIT_OK
 
-    async def _wire(self, worker: EngineWorker, info: EngineInfo, sink: AudioSink) -> _Wiring:
+    async def _wire(
+        self, worker: EngineWorker, info: EngineInfo, sink: AudioSink, journal: RequestJournal | None = None
+    ) -> _Wiring:
         """The pipeline, its events and every intake; servers that listen are bound here (a taken
-        port is exit 69 before anything runs)."""
+        port is exit 69 before anything runs). With the journal, the events go through
+        ``DurableEvents`` and the MQTT intake acknowledges what it journaled once committed."""
         cfg = self.config
         link: MqttLink
         pipeline: Pipeline
+        durable = (
+            DurableEvents(journal, lambda: pipeline.ledger, lambda m: link.publish(m)) if journal is not None else None
+        )
         events = MqttEvents(
-            publish=lambda m: link.publish(m),
+            publish=durable.publish if durable is not None else (lambda m: link.publish(m)),
             topics=self.topics,
             info=info,
             qos=cfg.mqtt.qos,
@@ -155,8 +190,12 @@ class Daemon:
             state=lambda: pipeline.snapshot(),
             on_utterance_end=self._memory_now.set,
         )
+        job_events: JobEvents = events
+        if durable is not None:
+            durable.inner = events
+            job_events = durable
         gate = VadGate(cfg.vad.max_wait_s)
-        pipeline = build_pipeline(cfg, worker, info, sink, events, gate=gate.hold)
+        pipeline = build_pipeline(cfg, worker, info, sink, job_events, gate=gate.hold)
         ledger, rules = pipeline.ledger, pipeline.rules
         discovery = HaDiscovery(cfg.ha, self.topics, info)
 
@@ -165,7 +204,7 @@ class Daemon:
                 link.publish(message)
 
         ha_birth = (discovery.birth_topic, on_ha_birth) if discovery.enabled else None
-        intake = MqttIntake(ledger, rules, self.topics, cfg.mqtt.hermes, ha_birth=ha_birth)
+        intake = MqttIntake(ledger, rules, self.topics, cfg.mqtt.hermes, ha_birth=ha_birth, durable=durable)
 
         def on_connect() -> list[OutMessage]:
             retained = [events.status_message(True), events.info_message(), events.state_message()]
@@ -180,12 +219,13 @@ class Daemon:
             # amqtt speaks 3.1.1 only and stalls on a v5 CONNECT instead of refusing it.
             protocol=MqttProtocol.V311 if cfg.mqtt.broker == "embedded" else None,
             subscriptions=discovery.subscriptions(),
+            auto_ack=durable is None,  # the intake acknowledges once the journal committed
         )
         link.prepare()
         wyoming = await self._open_wyoming(ledger, rules, info)
         http = await open_http_server(cfg.http, ledger, rules, info)  # listening (port taken: 69); None when off
         vad = await self._open_vad(ledger, events, gate)
-        return _Wiring(pipeline, events, link, wyoming, http, vad)
+        return _Wiring(pipeline, events, link, wyoming, http, vad, durable)
 
     def _start(self, tg: asyncio.TaskGroup, wiring: _Wiring, worker: EngineWorker) -> _Tasks:
         pipeline = wiring.pipeline
@@ -194,6 +234,9 @@ class Daemon:
             tts=tg.create_task(pipeline.tts.run(), name="s2s.tts"),
             playback=tg.create_task(pipeline.playback.run(), name="s2s.playback"),
             wyoming=tg.create_task(wiring.wyoming.run(), name="s2s.wyoming") if wiring.wyoming is not None else None,
+            journal=tg.create_task(wiring.durable.journal.run(), name="s2s.journal")
+            if wiring.durable is not None
+            else None,
         )
         tasks.helpers.append(tg.create_task(wiring.events.run_state(), name="s2s.events.state"))
         tasks.helpers.append(tg.create_task(self._memory_loop(worker, wiring.events), name="s2s.telemetry.memory"))
@@ -231,9 +274,15 @@ class Daemon:
             await wiring.vad.close()
         for task in tasks.helpers:
             task.cancel()
+        if wiring.durable is not None:  # the last terminal events go out before the link closes
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await wiring.durable.journal.settle()
         wiring.link.publish(wiring.events.state_message())
         await wiring.link.close([wiring.events.status_message(False)], CLOSE_TIMEOUT_S)
         tasks.link.cancel()
+        if tasks.journal is not None:
+            tasks.journal.cancel()  # what the last acknowledgements wrote is committed by its close
 
     async def _open_wyoming(self, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo) -> Any:
         """The Wyoming TTS server, listening (a taken port is exit 69); None when it is off."""
@@ -295,6 +344,7 @@ class _Wiring:
     wyoming: Any
     http: Any
     vad: Any
+    durable: DurableEvents | None = None
 
 
 @dataclass(slots=True)
@@ -303,5 +353,6 @@ class _Tasks:
     tts: asyncio.Task[None]
     playback: asyncio.Task[None]
     wyoming: asyncio.Task[None] | None
+    journal: asyncio.Task[None] | None = None
     helpers: list[asyncio.Task[Any]] = field(default_factory=list)
     """Cancelled at the end of the drain."""

@@ -130,7 +130,20 @@ class TtsConfig(Section):
 class QueueConfig(Section):
     max_pending: int = Field(32, ge=1, le=100_000)
     dedup_window: int = Field(4096, ge=16)
-    """How many recent request ids are remembered for de-duplication."""
+    """How many recent request ids are remembered for de-duplication (across restarts with the journal)."""
+    resume_max_age_s: float = Field(300.0, ge=0)
+    """After a restart, a journaled request older than this is answered ``expired`` instead of spoken."""
+
+
+class JournalConfig(Section):
+    """The request journal: MQTT requests stored before they are acknowledged (survives a crash)."""
+
+    enabled: bool = True
+    path: Path | None = None
+    """None: ``$STATE_DIRECTORY`` (systemd), else ``$XDG_STATE_HOME/s2s-daemon``, else
+    ``~/.local/state/s2s-daemon``; the file ``journal-<site_id>.sqlite3`` there."""
+    synchronous: Literal["full", "normal"] = "full"
+    """``full``: each commit is fsynced (survives a power cut); ``normal``: survives a process crash only."""
 
 
 class AudioConfig(Section):
@@ -224,6 +237,7 @@ class DaemonConfig(Section):
     mqtt: MqttConfig = MqttConfig()
     tts: TtsConfig = TtsConfig()
     queue: QueueConfig = QueueConfig()
+    journal: JournalConfig = JournalConfig()
     audio: AudioConfig = AudioConfig()
     vad: VadConfig = VadConfig()
     telemetry: TelemetryConfig = TelemetryConfig()

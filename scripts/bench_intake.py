@@ -170,14 +170,8 @@ def report_profile(spy: subprocess.Popen[bytes], out: Path, top: int = 25) -> No
         print(f"  {100 * count / samples:4.1f}  {100 * total[frame] / samples:5.1f}  {frame}")
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=5000)
-    parser.add_argument("--samples", type=int, default=300)
-    parser.add_argument("--max-pending", type=int, default=32)
-    parser.add_argument("--client", choices=("c", "python"), default="c")
-    parser.add_argument("--profile", type=Path, default=None, help="py-spy the daemon during the throughput phase")
-    args = parser.parse_args()
+async def measure(args: argparse.Namespace, journal: bool) -> dict[str, Any]:
+    """One daemon (journal on or off) through both phases."""
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         broker = Mosquitto(work)
@@ -188,6 +182,7 @@ async def main() -> None:
             queue={"max_pending": args.max_pending, "dedup_window": 100_000},
             log={"level": "warning"},
             telemetry={"memory_interval_s": 60},
+            journal={"enabled": journal, "path": str(work / "journal.sqlite3"), "synchronous": args.synchronous},
         )
         proc = DaemonProcess(config)
         proc.start()
@@ -208,7 +203,12 @@ async def main() -> None:
             proc.signal(signal.SIGTERM)
             await proc.wait(30)
             broker.stop()
-    print(f"machine: {__import__('os').cpu_count()} CPUs; daemon + mosquitto + client on loopback")
+    return {"lat": lat, "rate": rate, "outcome": outcome, "cpu_s": cpu_s, "user_s": user_s}
+
+
+def report(args: argparse.Namespace, label: str, m: dict[str, Any]) -> None:
+    lat, rate, outcome, cpu_s, user_s = m["lat"], m["rate"], m["outcome"], m["cpu_s"], m["user_s"]
+    print(f"== {label}")
     print(f"overhead  receipt -> first chunk on the loop (zero-cost engine), {len(lat)} requests:")
     p50, p99 = statistics.median(lat), pct(lat, 99)
     print(f"          p50 {p50:.2f} ms   p99 {p99:.2f} ms   max {max(lat):.2f} ms   goal p99 < 5 ms")
@@ -219,6 +219,23 @@ async def main() -> None:
         f" requests = {1000 * cpu_s / args.requests:.2f} ms each"
         f" ({args.requests / cpu_s:.0f} requests per daemon CPU-second; the client and broker share the same 2 cores)"
     )
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--max-pending", type=int, default=32)
+    parser.add_argument("--client", choices=("c", "python"), default="c")
+    parser.add_argument("--journal", choices=("on", "off", "both"), default="both", help="the request journal")
+    parser.add_argument("--synchronous", choices=("full", "normal"), default="full", help="journal.synchronous")
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy the daemon during the throughput phase")
+    args = parser.parse_args()
+    modes = {"on": [True], "off": [False], "both": [False, True]}[args.journal]
+    results = [(journal, await measure(args, journal)) for journal in modes]
+    print(f"machine: {__import__('os').cpu_count()} CPUs; daemon + mosquitto + client on loopback")
+    for journal, m in results:
+        report(args, f"journal {'on (synchronous ' + args.synchronous + ')' if journal else 'off'}", m)
 
 
 if __name__ == "__main__":

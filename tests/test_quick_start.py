@@ -78,6 +78,7 @@ def quick_start_daemon(tmp_path: Path) -> Iterator[int]:
         "S2S_AUDIO__SINK": "discard",
         "S2S_LOG__FORMAT": "json",
         "PYTHONUNBUFFERED": "1",
+        "XDG_STATE_HOME": str(tmp_path / "state"),  # its own request journal, not the home's
     }
     log_path = tmp_path / "daemon.log"
     with log_path.open("wb") as log:

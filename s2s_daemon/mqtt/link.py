@@ -74,8 +74,10 @@ class _Publishes:
         self._space = asyncio.Event()
 
     def acknowledged(self, mid: int) -> None:
-        self.inflight.pop(mid, None)
+        message = self.inflight.pop(mid, None)
         self._space.set()
+        if message is not None and message.on_sent is not None:
+            message.on_sent()
 
     async def wait_below(self, limit: int, connection: PahoConnection) -> None:
         """Wait until fewer than ``limit`` publishes are unacknowledged.
@@ -414,9 +416,13 @@ class MqttLink:
             mid = connection.publish(message, self._properties(message))
         except ValueError as exc:
             log.warning("mqtt_publish_refused", topic=message.topic[:200], error=str(exc))
+            if message.on_sent is not None:
+                message.on_sent()  # it can never be sent: settled
             return
         if mid is not None:
             publishes.inflight[mid] = message if requeue else None
+        elif message.on_sent is not None:
+            message.on_sent()  # QoS 0: paho has it, no acknowledgement comes
 
     async def _pump(self, connection: PahoConnection, publishes: _Publishes) -> None:
         """Publish the outbox, up to PUBLISH_WINDOW unacknowledged at once, in order.

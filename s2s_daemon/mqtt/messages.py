@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from s2s_daemon.pipeline.messages import ReplyTo
 
@@ -16,6 +16,9 @@ class OutMessage:
     retain: bool = False
     correlation_data: bytes | None = None
     """MQTT v5 Correlation Data echoed on a response topic."""
+    on_sent: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+    """Called once the broker acknowledged it (QoS 1/2), paho took it (QoS 0) or paho refused it
+    for good; not when the outbox dropped it (overflow) or the link closed with it unsent."""
 
 
 class Receipt:

@@ -199,6 +199,26 @@ class Dispatcher:
             self._seen.popitem(last=False)
         return True
 
+    def remember(self, request_ids: list[str]) -> None:
+        """Ids answered before a restart (the journal's): a redelivery of one is a duplicate."""
+        for request_id in request_ids:
+            self._remember(request_id)
+
+    def expire(self, request: SayRequest) -> Job:
+        """Answer ``expired`` a request too old to be spoken (one resumed after a restart)."""
+        self._remember(request.id)
+        job = Job(request, Timeline(received=request.received_at))
+        self._terminate(job, Status.EXPIRED)
+        return job
+
+    def withdraw(self, job: Job, error: RequestError) -> None:
+        """Take back an accepted request that could not be kept (its journal write failed): it
+        ends ``rejected`` with ``error``, wherever it is."""
+        if job.phase is Phase.DONE:
+            return
+        job.error = error
+        self.cancel(job, Status.REJECTED)
+
     def reject(self, request: SayRequest, code: ErrorCode, message: str) -> Job:
         """Answer a request that never entered the queue."""
         job = Job(request, Timeline(received=request.received_at))

@@ -36,6 +36,8 @@ class ErrorCode(enum.StrEnum):
     SHUTTING_DOWN = "shutting_down"
     ENGINE_ERROR = "engine_error"
     AUDIO_ERROR = "audio_error"
+    JOURNAL_ERROR = "journal_error"
+    """The request could not be stored durably (disk full, I/O error)."""
 
     @classmethod
     def parse(cls, code: str, default: ErrorCode | None = None) -> ErrorCode:

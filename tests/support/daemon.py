@@ -29,6 +29,8 @@ def write_config(path: Path, port: int, **sections: Any) -> Path:
         "audio": {"sink": "discard"},
         "log": {"format": "json", "level": "info"},
         "shutdown": {"drain_timeout_s": 5},
+        # One journal per config file: parallel tests never share one, a restart finds its own.
+        "journal": {"path": str(path.with_suffix(".journal.sqlite3"))},
     }
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):
