@@ -7,10 +7,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from s2s_daemon.errors import ConfigError
 
@@ -23,6 +23,16 @@ NOT_CONFIG_ENV = frozenset({"S2S_CONFIG", "S2S_BENCH_REFERENCE_PYTHON", "S2S_PRE
 python, the torch engine's prepared-weights folder."""
 NOT_CONFIG_ENV_PREFIXES = ("S2S_GPU_",)
 """Families of them: ``scripts/gpu_check.sh``'s settings."""
+
+
+def _plain_topic_prefix(value: str) -> str:
+    """A topic prefix (ours, Home Assistant's): no wildcards, no leading or trailing slash."""
+    if any(c in value for c in "+#") or value.startswith("/") or value.endswith("/"):
+        raise ValueError("must not contain + or # or start/end with /")
+    return value
+
+
+TopicPrefix = Annotated[str, Field(min_length=1), AfterValidator(_plain_topic_prefix)]
 
 
 class Section(BaseModel):
@@ -45,7 +55,7 @@ class MqttConfig(Section):
     username: str | None = None
     password_file: Path | None = None
     tls: TlsConfig | None = None
-    topic_prefix: str = Field("s2s", min_length=1)
+    topic_prefix: TopicPrefix = "s2s"
     shared_group: str | None = None
     hermes: bool = False
     qos: Literal[0, 1, 2] = 1
@@ -55,13 +65,6 @@ class MqttConfig(Section):
     """How long the broker keeps our session (and queued requests) while we are away."""
     keepalive_s: int = Field(30, ge=5)
     reconnect_max_s: float = Field(30.0, gt=0)
-
-    @field_validator("topic_prefix")
-    @classmethod
-    def _prefix_is_plain(cls, value: str) -> str:
-        if any(c in value for c in "+#") or value.startswith("/") or value.endswith("/"):
-            raise ValueError("must not contain + or # or start/end with /")
-        return value
 
     @field_validator("shared_group")
     @classmethod
@@ -193,17 +196,10 @@ class HaConfig(Section):
 
     discovery: bool = False
     """Announce this site to Home Assistant (retained configs); ``false`` clears them on connect."""
-    prefix: str = Field("homeassistant", min_length=1)
+    prefix: TopicPrefix = "homeassistant"
     """Home Assistant's discovery prefix (its birth message is ``<prefix>/status``)."""
     name: str | None = Field(None, min_length=1)
     """The device's name in Home Assistant; defaults to ``s2s <site_id>``."""
-
-    @field_validator("prefix")
-    @classmethod
-    def _prefix_is_plain(cls, value: str) -> str:
-        if any(c in value for c in "+#") or value.startswith("/") or value.endswith("/"):
-            raise ValueError("must not contain + or # or start/end with /")
-        return value
 
 
 class HttpConfig(Section):

@@ -49,7 +49,8 @@ from s2s_daemon.pipeline.vocabulary import (
     match_voice,
     normalize_language,
 )
-from s2s_daemon.tts.engine import CheckpointError, EngineOptions, ModelUnavailableError, ShouldStop, SynthesisRequest
+from s2s_daemon.tts.engine import CheckpointError, EngineOptions, ShouldStop, SynthesisRequest
+from s2s_daemon.tts.hub import hub_failure
 
 log = structlog.get_logger(__name__)
 
@@ -376,7 +377,9 @@ class MlxQwen3Engine:
         try:
             return Path(get_model_path(source.location, revision=self._options.revision))
         except Exception as exc:  # hub errors come in many classes (OSError, ValueError, httpx's): sorted here
-            raise _hub_failure(source.location, self._options.revision, exc, str(constants.HF_HUB_CACHE)) from exc
+            cache = str(constants.HF_HUB_CACHE)
+            offline = bool(constants.HF_HUB_OFFLINE)
+            raise hub_failure(source.location, self._options.revision, exc, offline=offline, cache=cache) from exc
 
     def _load_model(self, folder: Path) -> Any:
         from mlx_audio.tts.utils import load_model
@@ -418,37 +421,6 @@ class MlxQwen3Engine:
         if self._thread is not None and threading.get_ident() != self._thread:
             msg = "MLX work must stay on the engine thread that loaded the model"
             raise EngineError(msg)
-
-
-def _hub_failure(repo: str, revision: str | None, exc: Exception, cache: str) -> EngineError:
-    """What a failed download means: wrong settings (``CheckpointError``, exit 78) or not now
-    (``ModelUnavailableError``, exit 69: the service manager retries). The torch engine's
-    ``checkpoint.hub_failure`` sorts the same way; it is not imported here because it imports torch."""
-    from huggingface_hub import constants
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        HFValidationError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    if isinstance(exc, GatedRepoError):
-        return CheckpointError(f"{repo!r} is gated on the hub: accept its terms on huggingface.co and set HF_TOKEN")
-    if isinstance(exc, RevisionNotFoundError):
-        return CheckpointError(f"the hub has no revision {revision!r} of {repo!r}")
-    if isinstance(exc, RepositoryNotFoundError):
-        return CheckpointError(f"the hub has no model {repo!r} (or it is private and HF_TOKEN is not set)")
-    if isinstance(exc, HFValidationError):
-        return CheckpointError(f"{repo!r} is not a valid hub id: {exc}")
-    if constants.HF_HUB_OFFLINE:
-        return ModelUnavailableError(repo, "offline mode is on (HF_HUB_OFFLINE=1)", offline=True, cache=cache)
-    cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
-    status = getattr(getattr(cause, "response", None), "status_code", None)
-    if isinstance(cause, HfHubHTTPError) and status is not None:
-        return ModelUnavailableError(repo, f"the hub answered HTTP {status}", cache=cache)
-    detail = (str(cause).strip().splitlines() or [""])[0]
-    return ModelUnavailableError(repo, f"the hub cannot be reached ({type(cause).__name__}: {detail})", cache=cache)
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
