@@ -189,6 +189,7 @@ class Daemon:
             hermes=cfg.mqtt.hermes,
             state=lambda: pipeline.snapshot(),
             on_utterance_end=self._memory_now.set,
+            voice_kinds=lambda: pipeline.voice_kinds(),
         )
         job_events: JobEvents = events
         if durable is not None:

@@ -1,4 +1,4 @@
-"""Command line: run, say, check-config (and devices, service, bench)."""
+"""Command line: run, say, check-config (and devices, service, bench, voices)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from s2s_daemon.logs import configure_logging
 
 log = structlog.get_logger(__name__)
 
-EXTENSIONS = ("s2s_daemon.audio.devices", "s2s_daemon.service", "s2s_daemon.bench.cli")
+EXTENSIONS = ("s2s_daemon.audio.devices", "s2s_daemon.service", "s2s_daemon.bench.cli", "s2s_daemon.tools.voices")
 """Modules that add a subcommand through ``add_parser(subparsers)``."""
 
 

@@ -18,9 +18,9 @@ ENV_PREFIX = "S2S_"
 ENGINE_NAMES: list[str] = ["torch", "mlx"]
 """What ``tts.engine`` may name: the built-in engines, and those registered in this process
 (``tts.registry.register_engine`` adds to it; the configuration imports no engine)."""
-NOT_CONFIG_ENV = frozenset({"S2S_CONFIG", "S2S_BENCH_REFERENCE_PYTHON", "S2S_PREPARED_CACHE"})
+NOT_CONFIG_ENV = frozenset({"S2S_CONFIG", "S2S_BENCH_REFERENCE_PYTHON", "S2S_PREPARED_CACHE", "S2S_VOICE_CACHE"})
 """``S2S_`` variables that are not configuration keys: the file's path, the benchmark's qwen-tts
-python, the torch engine's prepared-weights folder."""
+python, the torch engine's prepared-weights and clone-prompt folders."""
 NOT_CONFIG_ENV_PREFIXES = ("S2S_GPU_",)
 """Families of them: ``scripts/gpu_check.sh``'s settings."""
 
@@ -104,6 +104,9 @@ class TtsConfig(Section):
     """Hub id or local folder in the official layout."""
     revision: str | None = None
     voice: str | None = "Ryan"
+    """A preset speaker or a voice of the library (``voices_dir``)."""
+    voices_dir: Path | None = None
+    """The voice library: None is ``$XDG_DATA_HOME/s2s-daemon/voices`` (``~/.local/share/s2s-daemon/voices``)."""
     language: str = "auto"
     chunk_frames: int = Field(4, ge=1, le=50)
     """Codec frames (80 ms each) per streamed chunk."""

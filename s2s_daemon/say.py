@@ -16,8 +16,9 @@ from s2s_daemon.intake.schemas import parse_say
 from s2s_daemon.pipeline.jobs import Job
 from s2s_daemon.pipeline.messages import Status
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice
+from s2s_daemon.pipeline.voices import VoiceLibrary
 from s2s_daemon.tts.engine import SynthesisRequest
-from s2s_daemon.wiring import build_pipeline, load_engine
+from s2s_daemon.wiring import build_pipeline, load_engine, voice_library
 
 log = structlog.get_logger(__name__)
 
@@ -44,9 +45,20 @@ class LogEvents:
         return None
 
 
-def default_voice(config: DaemonConfig, cli_voice: str | None, info: EngineInfo) -> str | None:
+def default_voice(
+    config: DaemonConfig, cli_voice: str | None, info: EngineInfo, library: VoiceLibrary | None = None
+) -> str | None:
     """The voice to speak in: ``--voice`` wins; then a ``tts.voice`` the user configured; then the
-    model's first speaker when the built-in default ``tts.voice`` is not one of this model's."""
+    model's first speaker when the built-in default ``tts.voice`` is not one of this model's. A name
+    that is no preset speaker may be a voice of ``library``."""
+    named = cli_voice if cli_voice is not None else config.tts.voice if "voice" in config.tts.model_fields_set else None
+    if library is not None and named is not None and named.strip().lower() not in {v.lower() for v in info.voices}:
+        try:
+            found = library.lookup(named)
+        except EngineError as exc:
+            raise ConfigError(f"{'--voice' if cli_voice is not None else 'tts.voice'}: {exc}") from exc
+        if found is not None:
+            return found.name
     if cli_voice is None and not info.voices:
         return None  # a Base or VoiceDesign model: no preset speakers
     wanted: str | None
@@ -72,7 +84,7 @@ async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
     worker, info = await load_engine(unchecked)
     sink: AudioSink
     try:
-        voice = default_voice(config, args.voice, info)
+        voice = default_voice(config, args.voice, info, voice_library(config, info))
         if args.out is not None:
             out: Path = args.out
             sink = WavSink(out.parent if str(out.parent) else Path("."), out.name)

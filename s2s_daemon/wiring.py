@@ -26,6 +26,7 @@ from s2s_daemon.pipeline.jobs import Dispatcher, JobEvents
 from s2s_daemon.pipeline.messages import Utterance
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice, normalize_language
+from s2s_daemon.pipeline.voices import VoiceKind, VoiceLibrary, default_voices_dir
 from s2s_daemon.tts.engine import CheckpointError, ModelUnavailableError, SynthesisRequest, TtsEngine
 from s2s_daemon.tts.registry import create_engine, engine_options
 from s2s_daemon.tts.stage import TtsStage
@@ -58,14 +59,21 @@ async def load_engine(config: DaemonConfig) -> tuple[EngineWorker, EngineInfo]:
         await worker.close()
         raise UnavailableError(f"engine {config.tts.engine!r} failed to load {config.tts.model!r}: {exc}") from exc
     try:
-        if config.tts.voice is not None and info.voices:
-            match_voice(config.tts.voice, info.voices, None)
+        voice = config.tts.voice
+        if voice is not None and info.voices and voice.strip().lower() not in {v.lower() for v in info.voices}:
+            if voice_library(config, info).lookup(voice) is None:
+                match_voice(voice, info.voices, None)
         normalize_language(config.tts.language, info.languages)
     except EngineError as exc:
         await worker.close()
         key = "tts.voice" if exc.code == "unknown_voice" else "tts.language"
         raise ConfigError(f"{key}: {exc}") from exc
     return worker, info
+
+
+def voice_library(config: DaemonConfig, info: EngineInfo) -> VoiceLibrary:
+    """The library of named voices (``tts.voices_dir``) as the loaded model can speak them."""
+    return VoiceLibrary(config.tts.voices_dir or default_voices_dir(), info.mode)
 
 
 UTTERANCES_AHEAD = 1
@@ -79,6 +87,15 @@ class Pipeline:
     rules: IntakeRules
     tts: TtsStage
     playback: PlaybackStage
+    library: VoiceLibrary | None = None
+
+    def voice_kinds(self) -> dict[str, str]:
+        """Every voice a request may name, preset speakers and library voices, with its kind (``info``)."""
+        kinds: dict[str, str] = {}
+        if self.library is not None:
+            kinds.update({name: str(kind) for name, kind in self.library.names().items()})
+        kinds.update({name: str(VoiceKind.PRESET) for name in self.rules.voices})  # presets win a clash
+        return kinds
 
     def snapshot(self) -> tuple[str, str | None, int]:
         """(idle|synthesizing|speaking, current id, queue length) for the retained state topic."""
@@ -108,6 +125,7 @@ def build_pipeline(
     """The pipeline for ``config``; ``default_voice`` overrides ``tts.voice`` (``say --voice``)."""
     requests = RequestQueue(config.queue.max_pending if max_pending is None else max_pending)
     ledger = Dispatcher(requests, events, config.queue.dedup_window)
+    library = voice_library(config, info)
     rules = IntakeRules(
         site_id=config.site_id,
         max_text_chars=config.tts.max_text_chars,
@@ -115,7 +133,18 @@ def build_pipeline(
         languages=info.languages,
         default_voice=config.tts.voice if default_voice is None else default_voice,
         default_language=config.tts.language,
+        library=library,
     )
     utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
-    tts = TtsStage(worker, info, requests, utterances, ledger, config.tts.chunk_frames, gate=gate, template=template)
-    return Pipeline(requests, ledger, rules, tts, PlaybackStage(sink, utterances, ledger))
+    tts = TtsStage(
+        worker,
+        info,
+        requests,
+        utterances,
+        ledger,
+        config.tts.chunk_frames,
+        gate=gate,
+        template=template,
+        library=library,
+    )
+    return Pipeline(requests, ledger, rules, tts, PlaybackStage(sink, utterances, ledger), library)

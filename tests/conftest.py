@@ -15,6 +15,9 @@ from tests.support.tone_engine import register
 # folder of this run, not the user's cache (subprocess daemons inherit it).
 _PREPARED = tempfile.TemporaryDirectory(prefix="s2s-prepared-")
 os.environ.setdefault("S2S_PREPARED_CACHE", _PREPARED.name)
+# Likewise the clone prompts of the reference recordings (the torch engine's voice cache).
+_VOICES = tempfile.TemporaryDirectory(prefix="s2s-voice-cache-")
+os.environ.setdefault("S2S_VOICE_CACHE", _VOICES.name)
 
 register()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable
 
@@ -13,13 +14,15 @@ from s2s_daemon import __version__
 from s2s_daemon.mqtt.messages import OutMessage
 from s2s_daemon.mqtt.topics import HERMES_ERROR, HERMES_SAY_FINISHED, Topics, hermes_vad
 from s2s_daemon.pipeline.jobs import Job
-from s2s_daemon.pipeline.messages import Status
+from s2s_daemon.pipeline.messages import ErrorCode, Status
 from s2s_daemon.pipeline.vocabulary import EngineInfo
 
 log = structlog.get_logger(__name__)
 
 STATE_MIN_INTERVAL_S = 0.05
 """The retained state topic is published at most this often (latest state wins)."""
+INFO_RESCAN_S = 1.0
+"""Least seconds between scans of the voice library after requests naming a voice (``info`` refresh)."""
 
 
 def now_ms() -> int:
@@ -92,6 +95,7 @@ class MqttEvents:
         hermes: bool,
         state: Callable[[], tuple[str, str | None, int]],
         on_utterance_end: Callable[[], None],
+        voice_kinds: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         self._publish = publish
         self.topics = topics
@@ -101,6 +105,10 @@ class MqttEvents:
         self._state = state
         """Returns (state, current id, queue length)."""
         self._on_utterance_end = on_utterance_end
+        self._voice_kinds = voice_kinds
+        """Every voice a request may name with its kind (presets and the library, scanned now)."""
+        self._published_kinds: dict[str, str] | None = None
+        self._kinds_checked = -math.inf
         self._state_dirty = asyncio.Event()
         self._last_state: tuple[str, str | None, int] | None = None
 
@@ -135,6 +143,22 @@ class MqttEvents:
             self._send(self.topics.latency, latency_payload(job, self.info), qos=0)
         if job.timeline.synth_started is not None:
             self._on_utterance_end()
+        self._refresh_info(job)
+
+    def _refresh_info(self, job: Job) -> None:
+        """Re-publish ``info`` when a request named a library voice, or an unknown one, and the library
+        changed since ``info`` was published (scanned at most every ``INFO_RESCAN_S``)."""
+        if self._voice_kinds is None or self._published_kinds is None:
+            return
+        voice = job.request.voice
+        named = voice is not None and voice not in self.info.voices
+        unknown = job.error is not None and job.error.code is ErrorCode.UNKNOWN_VOICE
+        now = time.monotonic()
+        if not (named or unknown) or now - self._kinds_checked < INFO_RESCAN_S:
+            return
+        self._kinds_checked = now
+        if self._voice_kinds() != self._published_kinds:
+            self._publish(self.info_message())
 
     def state_changed(self) -> None:
         self._state_dirty.set()
@@ -178,6 +202,8 @@ class MqttEvents:
 
     def info_message(self) -> OutMessage:
         info = self.info
+        kinds = self._voice_kinds() if self._voice_kinds is not None else dict.fromkeys(info.voices, "preset")
+        self._published_kinds = kinds
         payload = {
             "version": __version__,
             "siteId": self.topics.site_id,
@@ -185,6 +211,7 @@ class MqttEvents:
             "model": info.model,
             "device": info.device,
             "voices": list(info.voices),
+            "voiceKinds": kinds,
             "languages": list(info.languages),
             "sampleRate": info.sample_rate,
         }

@@ -12,7 +12,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from s2s_daemon.pipeline.messages import ErrorCode, ReplyTo, RequestError, SayRequest
-from s2s_daemon.pipeline.vocabulary import EngineError, match_voice, normalize_language
+from s2s_daemon.pipeline.vocabulary import EngineError, UnknownVoiceError, match_voice, normalize_language
+from s2s_daemon.pipeline.voices import VoiceLibrary
 
 MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 """Larger payloads are refused before decoding."""
@@ -67,6 +68,8 @@ class IntakeRules:
     languages: tuple[str, ...]
     default_voice: str | None
     default_language: str
+    library: VoiceLibrary | None = None
+    """Named cloned / designed voices (``tts.voices_dir``); preset speakers win a clash of names."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,27 @@ class Parsed:
 
     request: SayRequest
     error: RequestError | None
+
+
+def resolve_voice(value: str | None, rules: IntakeRules) -> str | None:
+    """The canonical name of the requested voice (a preset or a library voice); None: the model's own.
+
+    ``None`` or blank picks ``rules.default_voice``. Raises UnknownVoiceError for any other name.
+    """
+    wanted = value.strip() if value is not None and value.strip() else None
+    library = rules.library
+    if library is not None:
+        presets = {v.lower() for v in rules.voices}
+        name = wanted if wanted is not None else rules.default_voice
+        if name is not None and name.strip().lower() not in presets:
+            found = library.lookup(name)
+            if found is not None:
+                return found.name
+            if wanted is not None:
+                choices = [*rules.voices, *library.names()]
+                listed = f"choose one of {', '.join(choices)}" if choices else "this model has no voices to choose"
+                raise UnknownVoiceError(f"voice {wanted!r} is unknown; {listed}")
+    return match_voice(value, rules.voices, rules.default_voice)
 
 
 def new_request_id() -> str:
@@ -180,7 +204,7 @@ def parse_say(
         spoken = _spoken_text(say, rules, rid, session)
         try:
             language = normalize_language(say.language or say.lang or rules.default_language, rules.languages)
-            voice = match_voice(say.voice, rules.voices, rules.default_voice)
+            voice = resolve_voice(say.voice, rules)
         except EngineError as exc:
             raise _Refused(ErrorCode.parse(exc.code, ErrorCode.BAD_PAYLOAD), str(exc), rid, session) from exc
     except _Refused as refused:

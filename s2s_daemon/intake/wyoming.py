@@ -50,7 +50,7 @@ from s2s_daemon import __version__
 from s2s_daemon.audio.stream import CallerStream, pcm16
 from s2s_daemon.config import WyomingConfig
 from s2s_daemon.errors import UnavailableError
-from s2s_daemon.intake.schemas import MAX_PAYLOAD_BYTES, IntakeRules, parse_say
+from s2s_daemon.intake.schemas import MAX_PAYLOAD_BYTES, IntakeRules, parse_say, resolve_voice
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import ErrorCode, Status
@@ -59,7 +59,6 @@ from s2s_daemon.pipeline.vocabulary import (
     EngineError,
     EngineInfo,
     UnsupportedLanguageError,
-    match_voice,
     normalize_language,
 )
 
@@ -145,8 +144,9 @@ def language_codes(languages: Iterable[str]) -> list[str]:
     return codes or sorted(set(_CODES.values()))
 
 
-def describe(info: EngineInfo, site_id: str) -> Info:
-    """The ``info`` answer: one TTS program whose voices are the model's preset speakers."""
+def describe(info: EngineInfo, site_id: str, library: tuple[str, ...] = ()) -> Info:
+    """The ``info`` answer: one TTS program whose voices are the model's preset speakers and the
+    ``library`` voices it can speak."""
     attribution = Attribution(name="Qwen (Alibaba Cloud)", url="https://github.com/QwenLM/Qwen3-TTS")
     codes = language_codes(info.languages)
     voices = [
@@ -158,7 +158,7 @@ def describe(info: EngineInfo, site_id: str) -> Info:
             version=None,
             languages=codes,
         )
-        for voice in info.voices or (NO_PRESET_VOICE,)
+        for voice in (*info.voices, *library) or (NO_PRESET_VOICE,)
     ]
     program = TtsProgram(
         name=f"s2s {site_id}",
@@ -343,7 +343,7 @@ class WyomingConnection:
         kind = event.type
         now = time.monotonic()
         if Describe.is_type(kind):
-            await self._pending.put(Reply(self.server.info_event))
+            await self._pending.put(Reply(self.server.info_now()))
         elif Ping.is_type(kind):
             echo = event.data.get("text")
             await self._pending.put(Reply(Pong(text=echo if isinstance(echo, str) else None).event()))
@@ -401,7 +401,7 @@ class WyomingConnection:
         try:
             if not rules.voices and name is not None and name.strip().lower() == NO_PRESET_VOICE:
                 name = None
-            canonical = match_voice(name, rules.voices, rules.default_voice) if name is not None else None
+            canonical = resolve_voice(name, rules) if name is not None else None
             return canonical, self._language(language) if language is not None else None
         except EngineError as exc:
             raise Refused(ErrorCode.parse(exc.code, ErrorCode.BAD_PAYLOAD), str(exc)) from exc
@@ -517,6 +517,7 @@ class WyomingServer:
         self.rules = rules
         self.sample_rate = info.sample_rate
         self.site_id = site_id
+        self.engine_info = info
         self.info_event = describe(info, site_id).event()
         self.port = config.port
         """The port listened on (known once started)."""
@@ -525,6 +526,13 @@ class WyomingServer:
         self._tg: asyncio.TaskGroup | None = None
         self._closing = asyncio.Event()
         self._zeroconf: Any = None
+
+    def info_now(self) -> Event:
+        """The ``info`` answer with the voice library as it is now (scanned on each ``describe``)."""
+        library = self.rules.library
+        presets = {v.lower() for v in self.engine_info.voices}
+        named = tuple(n for n in library.names() if n.lower() not in presets) if library is not None else ()
+        return describe(self.engine_info, self.site_id, named).event() if named else self.info_event
 
     async def start(self) -> None:
         """Listen; a port that is taken (or an address this host lacks) is exit 69."""

@@ -14,7 +14,9 @@ from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.jobs import ChunkMade, Dispatcher, Failed, Job, Released, SynthesisEnded, SynthesisStarted
 from s2s_daemon.pipeline.messages import ErrorCode, Utterance
 from s2s_daemon.pipeline.queue import RequestQueue
-from s2s_daemon.tts.engine import EngineError, EngineInfo, SynthesisRequest
+from s2s_daemon.pipeline.vocabulary import normalize_language
+from s2s_daemon.pipeline.voices import LibraryVoice, VoiceKind, VoiceLibrary
+from s2s_daemon.tts.engine import EngineError, EngineInfo, SynthesisRequest, UnknownVoiceError
 from s2s_daemon.tts.worker import EngineWorker
 
 log = structlog.get_logger(__name__)
@@ -36,6 +38,7 @@ class TtsStage:
         chunk_frames: int,
         gate: Callable[[], asyncio.Future[None] | None] | None = None,
         template: SynthesisRequest | None = None,
+        library: VoiceLibrary | None = None,
     ) -> None:
         self.worker = worker
         self.info = info
@@ -47,6 +50,9 @@ class TtsStage:
         self.template = template or SynthesisRequest(text="", voice=None, language="auto")
         """Fixed synthesis settings (seed, greedy, reference audio) applied to every request."""
         """Returns an awaitable to hold the next utterance (VAD policy ``wait``), or None."""
+        self.library = library
+        """Named voices: a request's library voice becomes the reference audio / instruction."""
+        self._presets = {v.lower() for v in info.voices}
 
     async def run(self) -> None:
         try:
@@ -85,7 +91,11 @@ class TtsStage:
         )
         ledger.record(job, SynthesisStarted(time.monotonic()))
         log.debug("synthesis_started", chars=len(request.text))
+        named: str | None = None
         try:
+            if self.library is not None and request.voice and request.voice.lower() not in self._presets:
+                named = request.voice
+                synth = self._with_library_voice(synth, named)
             async for chunk in self.worker.stream(synth, job.should_stop):
                 if job.should_stop():
                     break
@@ -95,12 +105,39 @@ class TtsStage:
                 except ChannelClosed:  # playback ended early (stop, device error)
                     break
         except EngineError as exc:
-            log.warning("synthesis_failed", code=exc.code, error=str(exc))
-            ledger.record(job, Failed(time.monotonic(), ErrorCode.parse(exc.code), str(exc)))
+            message = f"voice {named!r}: {exc}" if named is not None else str(exc)
+            log.warning("synthesis_failed", code=exc.code, error=message)
+            ledger.record(job, Failed(time.monotonic(), ErrorCode.parse(exc.code), message))
         except (RuntimeError, ValueError, MemoryError, OSError) as exc:
             # Backend failures surface as these from torch/mlx/numpy: per-request, not fatal.
             log.exception("synthesis_crashed")
-            ledger.record(job, Failed(time.monotonic(), ErrorCode.ENGINE_ERROR, f"{type(exc).__name__}: {exc}"))
+            message = f"{type(exc).__name__}: {exc}"
+            message = f"voice {named!r}: {message}" if named is not None else message
+            ledger.record(job, Failed(time.monotonic(), ErrorCode.ENGINE_ERROR, message))
         finally:
             ledger.record(job, SynthesisEnded(time.monotonic()))
             chunks.close()
+
+    def _with_library_voice(self, synth: SynthesisRequest, name: str) -> SynthesisRequest:
+        """``synth`` speaking the library voice ``name`` (read afresh: it may have changed or gone)."""
+        assert self.library is not None
+        voice: LibraryVoice | None = self.library.lookup(name)
+        if voice is None:
+            raise UnknownVoiceError(f"voice {name!r} is no longer in the voice library")
+        language = synth.language
+        if language == "auto" and voice.language is not None:
+            try:
+                language = normalize_language(voice.language, self.info.languages)
+            except EngineError:
+                log.warning("voice_language_ignored", voice=name, language=voice.language)
+        if self.library.kind is VoiceKind.CLONE:
+            return dataclasses.replace(
+                synth,
+                voice=None,
+                language=language,
+                ref_audio=str(voice.ref_audio),
+                ref_text=voice.ref_text,
+            )
+        # A designed voice: its description, then the request's own instruction.
+        instruct = " ".join(part for part in (voice.instruct, synth.instruct) if part)
+        return dataclasses.replace(synth, voice=None, language=language, instruct=instruct or None)

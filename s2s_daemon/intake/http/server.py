@@ -235,9 +235,12 @@ class HttpSpeechServer:
             default = match_voice(None, self.info.voices, self.rules.default_voice)
         except EngineError:
             default = None
+        presets = {v.lower() for v in self.info.voices}
+        library = self.rules.library.names() if self.rules.library is not None else {}
+        named = [{"id": n, "name": n, "kind": str(k)} for n, k in library.items() if n.lower() not in presets]
         return web.json_response(
             {
-                "voices": [{"id": v, "name": v} for v in self.info.voices],
+                "voices": [{"id": v, "name": v} for v in self.info.voices] + named,
                 "default": default,
                 "languages": list(self.info.languages),
             }

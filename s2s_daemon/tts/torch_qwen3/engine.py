@@ -16,6 +16,8 @@ spends about 0.2-0.3 s per BPE token (English word pieces, CJK characters), so t
 ``EngineOptions.extra['max_frames']`` lowers it further (tests, benchmarks).
 ``EngineOptions.extra['first_chunk_frames']`` makes the first chunk smaller than ``chunk_frames``
 (sooner first audio; later chunks keep the full size).
+``EngineOptions.extra['voice_cache']``: the folder of computed clone prompts (``clone_cache.py``;
+else ``$S2S_VOICE_CACHE``, else ``$XDG_CACHE_HOME/s2s-daemon/voices``), ``off`` for memory only.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 import structlog
 import torch
 
+from s2s_daemon.pipeline.voices import default_cache_dir
 from s2s_daemon.tts.engine import (
     CheckpointError,
     DeviceMemory,
@@ -44,6 +47,7 @@ from s2s_daemon.tts.engine import (
 )
 from s2s_daemon.tts.torch_qwen3 import memory
 from s2s_daemon.tts.torch_qwen3.checkpoint import load_weights, resolve_checkpoint
+from s2s_daemon.tts.torch_qwen3.clone_cache import ClonePrompt, ClonePromptCache
 from s2s_daemon.tts.torch_qwen3.config import (
     GenerationSettings,
     ModelConfig,
@@ -153,6 +157,8 @@ class TorchQwen3Engine:
         self.codec: Any = None
         self.speech_encoder: Any = None
         self.speaker_encoder: Any = None
+        self.clone_prompts: ClonePromptCache | None = None
+        """Speaker embeddings and reference codes already computed (Base models)."""
         self.folder: Path | None = None
         self.device = torch.device("cpu")
         self.dtype = torch.float32
@@ -348,6 +354,35 @@ class TorchQwen3Engine:
         enc_dtype = torch.float32 if device.type == "cpu" else dtype
         self.speech_encoder = SpeechEncoder.from_folder(folder / "speech_tokenizer", device, enc_dtype)
         self.speaker_encoder = SpeakerEncoder.from_folder(folder, device, enc_dtype)
+        self.clone_prompts = ClonePromptCache(
+            self._clone_model_key(folder, device, enc_dtype), self._clone_folder(), device
+        )
+
+    @staticmethod
+    def _clone_model_key(folder: Path, device: torch.device, dtype: torch.dtype) -> str:
+        """The model (its folder and the encoders' weight files as they are now) and dtype of a clone prompt."""
+        stamps = [str(folder.resolve()), device.type, str(dtype)]
+        for weights in (folder / "model.safetensors", folder / "speech_tokenizer" / "model.safetensors"):
+            st = weights.stat() if weights.is_file() else None
+            stamps.append(f"{st.st_size}:{st.st_mtime_ns}" if st is not None else "-")
+        return "|".join(stamps)
+
+    def _clone_folder(self) -> Path | None:
+        value = self.options.extra.get("voice_cache") or os.environ.get("S2S_VOICE_CACHE")
+        if value is None or value == "":
+            return default_cache_dir()
+        return None if value.lower() in ("off", "none", "false", "0") else Path(value)
+
+    def _compute_clone_prompt(self, path: str, with_codes: bool) -> ClonePrompt:
+        """Run the speaker encoder (and, for ICL, the codec encoder) on the recording at ``path``."""
+        if self.speaker_encoder is None:
+            raise EngineError("voice cloning needs the speaker encoder, which is not available in this build")
+        if with_codes and self.speech_encoder is None:
+            raise EngineError("ICL cloning needs the codec encoder, which is not available in this build")
+        wav = torch.from_numpy(read_wav_24k(path)).to(self.device)
+        speaker = self.speaker_encoder.embed(wav)
+        codes = self.speech_encoder.encode(wav).to(torch.long) if with_codes else None
+        return ClonePrompt(speaker, codes)
 
     def warmup_blocking(self) -> None:
         info = self._require()
@@ -383,6 +418,7 @@ class TorchQwen3Engine:
         self.codec = None
         self.speech_encoder = None
         self.speaker_encoder = None
+        self.clone_prompts = None
         self.tokenizer = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -423,14 +459,15 @@ class TorchQwen3Engine:
         ref_codes: torch.Tensor | None = None
         reference_text: str | None = None
         if cfg.mode == "base" and request.ref_audio:
-            if self.speaker_encoder is None:
+            if self.clone_prompts is None:
                 raise EngineError("voice cloning needs the speaker encoder, which is not available in this build")
-            wav = torch.from_numpy(read_wav_24k(request.ref_audio))
-            speaker = self.speaker_encoder.embed(wav.to(self.device))
+            try:
+                clone = self.clone_prompts.get(request.ref_audio, bool(request.ref_text), self._compute_clone_prompt)
+            except OSError as exc:
+                raise EngineError(f"cannot read reference audio {request.ref_audio!r}: {exc}") from exc
+            speaker = clone.speaker
             if request.ref_text:
-                if self.speech_encoder is None:
-                    raise EngineError("ICL cloning needs the codec encoder, which is not available in this build")
-                ref_codes = self.speech_encoder.encode(wav.to(self.device)).to(torch.long)
+                ref_codes = clone.ref_codes
                 reference_text = request.ref_text
         tokens = tokenize(self.tokenizer, request.text, instruct, reference_text)
         prompt = build_embeddings(
