@@ -29,7 +29,8 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from s2s_daemon.app import Daemon
 from s2s_daemon.config import load_config
 from s2s_daemon.errors import UnavailableError
-from s2s_daemon.intake.wyoming import language_codes, split_sentences
+from s2s_daemon.intake.wyoming import language_codes
+from s2s_daemon.pipeline.segment import split_sentences
 from tests.support.broker import Mosquitto, free_port
 from tests.support.daemon import REPO, daemon_in_process, write_config
 from tests.support.mqtt import Recorder, recorder

@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import ipaddress
 import json
-import re
 import socket
 import time
 import uuid
@@ -54,6 +53,7 @@ from s2s_daemon.intake.schemas import MAX_PAYLOAD_BYTES, IntakeRules, parse_say,
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import ErrorCode, Status
+from s2s_daemon.pipeline.segment import split_sentences
 from s2s_daemon.pipeline.vocabulary import (
     LANGUAGE_ALIASES,
     EngineError,
@@ -81,14 +81,6 @@ CLOSE_GRACE_S = 2.0
 """At shutdown, how long connections may take to write what they hold before they are cut."""
 ZEROCONF_TIMEOUT_S = 5.0
 """Longest wait for registering the advertisement (probing takes about 2 s), and for withdrawing it."""
-SENTENCE_CLOSERS = "\"')]\u201d\u2019\u300d\u300f\uff09"
-"""Closing quotes and brackets that stay with the sentence they end (ASCII, curly, CJK)."""
-
-_SENTENCE_END = re.compile(
-    rf"[.!?]+[{re.escape(SENTENCE_CLOSERS)}]*(?=\s)"  # Latin: a terminator before white space ("3.14" is not one)
-    rf"|[\u3002\uff01\uff1f]+[{re.escape(SENTENCE_CLOSERS)}]*(?=\S)"  # CJK: no space follows; wait for more
-)
-
 _CODES: dict[str, str] = {}
 for _alias, _name in LANGUAGE_ALIASES.items():
     if len(_alias) == 2:
@@ -108,30 +100,6 @@ class Refused(Exception):
 
 
 # -- text ------------------------------------------------------------------------------------
-
-
-def split_sentences(text: str, max_chars: int) -> tuple[list[str], str]:
-    """The complete sentences at the start of ``text``, and the rest (kept for more text).
-
-    A sentence ends at ``.``, ``!`` or ``?`` (and closing quotes) before white space, or at the CJK
-    full stop, exclamation or question mark before any character. A piece without a letter or digit
-    joins the next sentence. A rest longer than ``max_chars`` is cut at its last space before the limit.
-    """
-    sentences: list[str] = []
-    start = 0
-    for match in _SENTENCE_END.finditer(text):
-        piece = text[start : match.end()].strip()
-        if any(c.isalnum() for c in piece):
-            sentences.append(piece)
-            start = match.end()
-    rest = text[start:]
-    while len(rest.strip()) > max_chars:
-        rest = rest.lstrip()
-        cut = rest.rfind(" ", 0, max_chars + 1)
-        cut = cut if cut > 0 else max_chars
-        sentences.append(rest[:cut].strip())
-        rest = rest[cut:]
-    return sentences, rest
 
 
 def language_codes(languages: Iterable[str]) -> list[str]:
@@ -377,9 +345,10 @@ class WyomingConnection:
             log.debug("wyoming_event_ignored", peer=self.peer, type=kind)
 
     async def _flush(self, now: float) -> None:
-        rest, self._buffer = self._buffer.strip(), ""
-        if rest:
-            await self._pending.put(Text(rest, *self._stream_voice, self._session, now))
+        """The stream ended: what is left is the last sentence (or sentences)."""
+        sentences, self._buffer = split_sentences(self._buffer, self.server.rules.max_text_chars, complete=True)
+        for sentence in sentences:
+            await self._pending.put(Text(sentence, *self._stream_voice, self._session, now))
 
     @staticmethod
     def _text_field(event: Event) -> str:

@@ -1,0 +1,101 @@
+# ruff: noqa: RUF002 -- full-width CJK marks are the point
+"""Sentences from text that may still be growing (an LLM's deltas): rules of our own, for the
+languages Qwen3-TTS speaks.
+
+A sentence ends at ``.``, ``!``, ``?`` or ``…`` (with its closing quotes and brackets) before
+white space, or at the CJK full stop, exclamation or question mark (``。！？``) before any
+character. Not at the end of an abbreviation (``Dr.``, ``e.g.``, ``z. B.``, ``M.``), an
+initial (``J. K. Rowling``), a German ordinal (``am 3. Oktober``), an ellipsis or a full stop
+followed by a lower-case word, or a decimal (``3.14``: no space follows). A piece without a
+letter or digit joins the next sentence; text longer than ``max_chars`` without an end is cut
+at its last space (or clause mark) before the limit.
+
+The end of the text is never a sentence end until the caller says the text is complete: the
+next piece may be ``5 percent`` after ``Done.``, or ``Smith`` after ``Dr.``.
+"""
+
+from __future__ import annotations
+
+import re
+
+CLOSERS = "\"')]\u201d\u2019\u00bb\u300d\u300f\uff09\u3011"
+"""Closing quotes and brackets that stay with the sentence they end (ASCII, curly, French, CJK)."""
+CLAUSE_MARKS = ",;:\u3001\uff0c\uff1b\uff1a"
+"""Where an over-long sentence is cut, before falling back to a space (Latin and CJK)."""
+
+ABBREVIATIONS = frozenset(
+    """
+    mr mrs ms dr prof st sr jr vs etc e.g i.e cf approx dept est fig inc ltd co corp no nos vol
+    a.m p.m jan feb mar apr jun jul aug sep sept oct nov dec mon tue wed thu fri sat sun
+    z z.b u.a d.h bzw ca evtl ggf inkl nr str hr fr dipl bspw vgl
+    mme mlle mm env p.ex av
+    sra srta ud uds
+    """.split()
+)
+"""Words whose final dot is not a full stop (lower case, without that dot)."""
+
+_CLOSING = rf"(?:[{re.escape(CLOSERS)}]|[ \u00a0\u202f]\u00bb)*"
+"""Closers after a terminator; French sets its closing guillemet after a space (``Bonjour ! »``)."""
+_END = re.compile(
+    rf"(?:\.{{2,}}|\u2026|[.!?]+){_CLOSING}(?=\s)"  # Latin: a terminator before white space
+    rf"|[\u3002\uff01\uff1f]+{_CLOSING}(?=\S)"  # CJK: nothing follows but the next sentence
+)
+_WORD_BEFORE = re.compile(r"([\w.\-]+)\.$")
+_MONTHS_DE: tuple[str, ...] = ("januar", "februar", "märz", "april", "mai", "juni", "juli", "august")
+_MONTHS_DE += ("september", "oktober", "november", "dezember")
+
+
+def _is_end(text: str, match: re.Match[str]) -> bool:
+    """Whether the terminator ``match`` in ``text`` really ends a sentence."""
+    mark = match.group(0)
+    if mark[0] in "\u3002\uff01\uff1f" or mark[0] in "!?":
+        return True
+    after = text[match.end() :].lstrip()
+    following = after[:1]
+    if following and following.islower():
+        return False  # "etc. and", "... and then", "z. B. die"
+    if mark.startswith("..") or mark.startswith("\u2026"):
+        return True  # an ellipsis before a capital (or the end) ends the sentence
+    head = text[match.start() - 40 if match.start() > 40 else 0 : match.start() + 1]
+    word = _WORD_BEFORE.search(head)
+    if word is None:
+        return True
+    token = word.group(1)
+    if token.lower() in ABBREVIATIONS or token.lower().rstrip(".") in ABBREVIATIONS:
+        return False
+    if len(token) == 1 and token.isalpha() and token.isupper():
+        return False  # an initial: "J. K. Rowling"
+    if token.isdigit() and len(token) <= 2 and after.lower().startswith(_MONTHS_DE):
+        return False  # a German date: "am 3. Oktober"
+    return True
+
+
+def split_sentences(text: str, max_chars: int, *, complete: bool = False) -> tuple[list[str], str]:
+    """The complete sentences at the start of ``text``, and the rest (kept for more text).
+
+    With ``complete`` the rest is a sentence too (the stream has ended): nothing is left over.
+    """
+    sentences: list[str] = []
+    start = 0
+    for match in _END.finditer(text):
+        if not _is_end(text, match):
+            continue
+        piece = text[start : match.end()].strip()
+        if any(c.isalnum() for c in piece):
+            sentences.append(piece)
+            start = match.end()
+    rest = text[start:]
+    while len(rest.strip()) > max_chars:
+        rest = rest.lstrip()
+        cut = max(rest.rfind(mark, 0, max_chars) for mark in CLAUSE_MARKS)
+        cut = cut + 1 if cut > max_chars // 3 else rest.rfind(" ", 0, max_chars + 1)
+        cut = cut if cut > 0 else max_chars
+        sentences.append(rest[:cut].strip())
+        rest = rest[cut:]
+    if complete:
+        if any(c.isalnum() for c in rest):
+            sentences.append(rest.strip())
+        elif sentences and rest.strip():
+            sentences[-1] += rest.rstrip()
+        rest = ""
+    return sentences, rest
