@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.jobs import ChunkMade, Dispatcher, Failed, Job, Released, SynthesisEnded, SynthesisStarted
 from s2s_daemon.pipeline.messages import ErrorCode, Utterance
 from s2s_daemon.pipeline.queue import RequestQueue
+from s2s_daemon.pipeline.segment import split_sentences
 from s2s_daemon.pipeline.vocabulary import normalize_language
 from s2s_daemon.pipeline.voices import LibraryVoice, VoiceKind, VoiceLibrary
 from s2s_daemon.tts.engine import EngineError, EngineInfo, SynthesisRequest, UnknownVoiceError
@@ -21,6 +23,10 @@ from s2s_daemon.tts.worker import EngineWorker
 
 log = structlog.get_logger(__name__)
 
+SEGMENT_MAX_CHARS = 300
+"""A sentence longer than this is cut at a clause mark or a space (pipeline/segment.py)."""
+SENTENCE_PAUSE_S = 0.15
+"""Silence between two sentences of one request (the model's own trailing silence comes first)."""
 CHUNK_BUFFER = 64
 """Chunks one utterance may hold ahead of playback before synthesis waits (back-pressure)."""
 
@@ -96,14 +102,7 @@ class TtsStage:
             if self.library is not None and request.voice and request.voice.lower() not in self._presets:
                 named = request.voice
                 synth = self._with_library_voice(synth, named)
-            async for chunk in self.worker.stream(synth, job.should_stop):
-                if job.should_stop():
-                    break
-                ledger.record(job, ChunkMade(time.monotonic(), len(chunk) / self.info.sample_rate))
-                try:
-                    await chunks.put(chunk)
-                except ChannelClosed:  # playback ended early (stop, device error)
-                    break
+            await self._speak_segments(job, synth, chunks)
         except EngineError as exc:
             message = f"voice {named!r}: {exc}" if named is not None else str(exc)
             log.warning("synthesis_failed", code=exc.code, error=message)
@@ -117,6 +116,32 @@ class TtsStage:
         finally:
             ledger.record(job, SynthesisEnded(time.monotonic()))
             chunks.close()
+
+    async def _speak_segments(self, job: Job, synth: SynthesisRequest, chunks: Channel[np.ndarray]) -> None:
+        """The text sentence by sentence, each its own engine call (its prompt and KV cache hold
+        one sentence, not the request), with a short pause between, into the one utterance."""
+        segments = split_sentences(synth.text, SEGMENT_MAX_CHARS, complete=True)[0] or [synth.text]
+        pause = np.zeros(round(SENTENCE_PAUSE_S * self.info.sample_rate), np.float32)
+        for index, text in enumerate(segments):
+            if index and not await self._put(job, chunks, pause):
+                return
+            async with contextlib.aclosing(
+                self.worker.stream(dataclasses.replace(synth, text=text), job.should_stop)
+            ) as pieces:
+                async for chunk in pieces:
+                    if job.should_stop() or not await self._put(job, chunks, chunk):
+                        return
+            if len(segments) > 1:
+                log.debug("segment_synthesized", segment=index + 1, of=len(segments), chars=len(text))
+
+    async def _put(self, job: Job, chunks: Channel[np.ndarray], chunk: np.ndarray) -> bool:
+        """Hand ``chunk`` to playback; False once playback has ended early (stop, device error)."""
+        self.dispatcher.record(job, ChunkMade(time.monotonic(), len(chunk) / self.info.sample_rate))
+        try:
+            await chunks.put(chunk)
+        except ChannelClosed:
+            return False
+        return True
 
     def _with_library_voice(self, synth: SynthesisRequest, name: str) -> SynthesisRequest:
         """``synth`` speaking the library voice ``name`` (read afresh: it may have changed or gone)."""
