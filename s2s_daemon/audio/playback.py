@@ -8,7 +8,7 @@ import time
 
 import structlog
 
-from s2s_daemon.audio.pacing import Pacer
+from s2s_daemon.audio.pacing import REAL_TIME, Pacer
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import (
@@ -113,8 +113,14 @@ class PlaybackStage:
         (``audio/pacing.py``); seconds of audio buffered when it waited, else 0."""
         tl, chunks = job.timeline, utterance.chunks
         rate = self.pacer.rate
-        if rate is not None and rate >= 1.05:
+        if rate is not None and rate >= REAL_TIME:
             return 0.0
+        if rate is None and tl.chunks and tl.first_chunk is not None and tl.synth_started is not None:
+            # Nothing learned yet: a first chunk made faster than it plays, prefill included,
+            # means a fast engine (start now); otherwise measure on the second chunk.
+            first_rate = (tl.audio_s / tl.chunks) / max(tl.first_chunk - tl.synth_started, 1e-3)
+            if first_rate >= REAL_TIME:
+                return 0.0
         chars = len(job.request.text)
         need: float | None = None
         waited = False
