@@ -250,6 +250,21 @@ STORED_DTYPE_TENSORS = ("talker.model.text_embedding.weight",)
 released models, 1.2 GB as float32) whose rows are cast when looked up, which is exact."""
 
 
+def check_tensors(weights: nn.Module, ck: TensorFiles) -> None:
+    """The checkpoint's tensor names and shapes against the (unfused) model's; a CheckpointError if not equal."""
+    expected = {name: tuple(t.shape) for name, t in weights.state_dict().items()}
+    missing = sorted(set(expected) - set(ck.tensors))
+    unexpected = sorted(set(ck.tensors) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint tensors do not match the model: missing {missing[:8]}{'...' if len(missing) > 8 else ''}"
+            f" ({len(missing)}), unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''} ({len(unexpected)})"
+        )
+    for name, shape in expected.items():
+        if ck.tensors[name].shape != shape:
+            raise CheckpointError(f"tensor {name} has shape {ck.tensors[name].shape}, config implies {shape}")
+
+
 def load_weights(module: nn.Module, folder: Path, device: torch.device, dtype: torch.dtype | None) -> None:
     """Load the talker tensors into ``module`` (built on the meta device) with exact name and shape checks.
 
@@ -259,17 +274,8 @@ def load_weights(module: nn.Module, folder: Path, device: torch.device, dtype: t
     The native CPU path does not come here: ``prepared.load_talker`` packs linear by linear.
     """
     files = TensorFiles(weight_files(folder), lambda name: not name.startswith(IGNORED_PREFIXES))
+    check_tensors(module, files)
     expected = {name: tuple(p.shape) for name, p in module.state_dict().items()}
-    missing = sorted(set(expected) - set(files.tensors))
-    unexpected = sorted(set(files.tensors) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"checkpoint tensors do not match the model: missing {missing[:8]}{'...' if len(missing) > 8 else ''}"
-            f" ({len(missing)}), unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''} ({len(unexpected)})"
-        )
-    for name, shape in expected.items():
-        if files.tensors[name].shape != shape:
-            raise CheckpointError(f"tensor {name} has shape {files.tensors[name].shape}, config implies {shape}")
     state = {}
     try:
         for name in expected:

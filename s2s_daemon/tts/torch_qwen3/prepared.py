@@ -55,7 +55,6 @@ import structlog
 import torch
 from torch import nn
 
-from s2s_daemon.tts.engine import CheckpointError
 from s2s_daemon.tts.torch_qwen3 import native
 from s2s_daemon.tts.torch_qwen3.checkpoint import (
     DTYPE_NAMES,
@@ -64,6 +63,7 @@ from s2s_daemon.tts.torch_qwen3.checkpoint import (
     STORED_DTYPE_TENSORS,
     Stored,
     TensorFiles,
+    check_tensors,
     itemsize,
     map_file,
     tensor_view,
@@ -126,21 +126,6 @@ def skeleton(cfg: ModelConfig) -> Qwen3TtsWeights:
     """The talker on the meta device (no memory), projections not fused yet."""
     with no_weight_init(), torch.device("meta"):
         return Qwen3TtsWeights(cfg.talker)
-
-
-def check_tensors(weights: nn.Module, ck: TensorFiles) -> None:
-    """The checkpoint's tensor names and shapes against the (unfused) model's; a CheckpointError if not equal."""
-    expected = {name: tuple(t.shape) for name, t in weights.state_dict().items()}
-    missing = sorted(set(expected) - set(ck.tensors))
-    unexpected = sorted(set(ck.tensors) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"checkpoint tensors do not match the model: missing {missing[:8]}{'...' if len(missing) > 8 else ''}"
-            f" ({len(missing)}), unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''} ({len(unexpected)})"
-        )
-    for name, shape in expected.items():
-        if ck.tensors[name].shape != shape:
-            raise CheckpointError(f"tensor {name} has shape {ck.tensors[name].shape}, config implies {shape}")
 
 
 def _plan(weights: nn.Module, fmt: str, group: int) -> tuple[dict[str, nn.Linear], dict[str, tuple[int, ...]]]:
