@@ -19,18 +19,34 @@ Streaming granularity: mlx-audio counts its chunks in seconds
 frames; ``chunk_frames`` is mapped onto that, so a chunk is exactly ``chunk_frames``
 frames (the last one may be shorter). mlx-audio yields only between chunks, so a
 stop is noticed between chunks, never inside one.
+
+Clone prompts (Base models, ``ref_audio``): mlx-audio 0.6 runs the speaker encoder on every
+call (``extract_speaker_embedding``) and keeps the reference codec codes of ICL cloning only in
+``Model._icl_cache``, in memory, under the recording's length and sample sum. This engine keeps
+both, as ``MlxClonePromptCache``, in memory and on disk (``mlx-<key>.safetensors`` in the torch
+engine's folder: ``extra['voice_cache']``, else ``$S2S_VOICE_CACHE``, else
+``$XDG_CACHE_HOME/s2s-daemon/voices``; ``off`` for memory only) under the SHA-256 of the
+recording, the transcript's presence, the model's files, the quantization, the device and
+mlx-audio's version. During an utterance the model's ``extract_speaker_embedding`` and
+``speech_tokenizer.encode`` answer from the cached prompt; the recording itself is still handed
+to mlx-audio, so if a later mlx-audio stopped calling those two methods it would compute the
+prompt itself, correctly, and only the saving would be lost (logged ``mlx_clone_cache_bypassed``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import io
 import json
 import logging
+import os
 import re
+import tempfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +65,7 @@ from s2s_daemon.pipeline.vocabulary import (
     match_voice,
     normalize_language,
 )
+from s2s_daemon.pipeline.voices import default_cache_dir
 from s2s_daemon.tts.engine import CheckpointError, EngineOptions, ShouldStop, SynthesisRequest
 from s2s_daemon.tts.hub import hub_failure
 
@@ -65,8 +82,10 @@ FLOAT32 = "float32"
 FRAMES_BASE = 30
 FRAMES_PER_TOKEN = 8
 """Frame budget ``FRAMES_BASE + FRAMES_PER_TOKEN * text tokens``, the torch engine's rule."""
-ICL_CACHE_LIMIT = 4
-"""Reference recordings whose codec codes mlx-audio may keep between utterances."""
+CLONE_MEMORY_ENTRIES = 16
+"""Clone prompts kept in memory, oldest dropped first (each holds its recording: <= 2.9 MB at 30 s)."""
+CLONE_FORMAT = "1"
+"""Bumped when what a stored clone prompt holds changes."""
 _HUB_QWEN = re.compile(r"^Qwen/(Qwen3-TTS-12Hz-[A-Za-z0-9.]+-[A-Za-z]+)$")
 _LOCAL_PREFIXES = ("/", ".", "~")
 _MLX_COMMUNITY = "mlx-community/"
@@ -124,6 +143,169 @@ class _Loaded:
     info: EngineInfo
     max_frames: int | None
     """``extra['max_frames']``: a lower cap than the frame budget (tests, benchmarks)."""
+    hook: _ClonePromptHook | None = None
+    """Base models: mlx-audio's encoder calls answered from the cache."""
+    clones: MlxClonePromptCache | None = None
+    """Base models: the clone prompts computed so far."""
+
+
+# --- clone prompts: computed once, kept in memory and on disk ---
+
+
+@dataclass(frozen=True, slots=True)
+class MlxClonePrompt:
+    """What mlx-audio's encoders make of one recording."""
+
+    speaker: Any
+    """``extract_speaker_embedding``'s x-vector, ``mx.array [1, enc_dim]`` float32."""
+    ref_codes: Any | None
+    """``speech_tokenizer.encode``'s codes ``[1, groups, frames]`` for ICL cloning; None for x-vector only."""
+    audio: Any
+    """The recording as mlx-audio loads it (24 kHz mono float32): still handed to mlx-audio. Memory only."""
+
+
+MlxCompute = Callable[[str, bool], MlxClonePrompt]
+"""(recording path, with codes) -> the prompt: runs the encoders."""
+MlxLoadAudio = Callable[[str], Any]
+"""Recording path -> the recording as mlx-audio loads it."""
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class MlxClonePromptCache:
+    """Memory and disk cache of clone prompts for one loaded model (engine thread only)."""
+
+    def __init__(self, model_key: str, folder: Path | None) -> None:
+        self.model_key = model_key
+        """The model, quantization, device and mlx-audio version the prompts belong to."""
+        self.folder = folder
+        """Where prompts are stored; None keeps them in memory only."""
+        self._memory: OrderedDict[str, MlxClonePrompt] = OrderedDict()
+        self._digests: dict[str, tuple[tuple[int, int, int], str]] = {}
+        self.computed = 0
+        """Prompts computed by the encoders (tests, logs)."""
+        self.loaded = 0
+        """Prompts read from disk."""
+
+    def _digest(self, path: str) -> str:
+        st = os.stat(path)
+        stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+        known = self._digests.get(path)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        digest = _file_digest(path)
+        self._digests[path] = (stamp, digest)
+        return digest
+
+    def key(self, path: str, with_codes: bool) -> str:
+        parts = (CLONE_FORMAT, self.model_key, self._digest(path), "icl" if with_codes else "xvec")
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:40]
+
+    def get(self, path: str, with_codes: bool, compute: MlxCompute, load_audio: MlxLoadAudio) -> MlxClonePrompt:
+        """The prompt for the recording at ``path``: from memory, else disk, else ``compute``."""
+        key = self.key(path, with_codes)
+        found = self._memory.get(key)
+        if found is not None:
+            self._memory.move_to_end(key)
+            return found
+        found = self._load(key, path, with_codes, load_audio)
+        if found is None:
+            found = compute(path, with_codes)
+            self.computed += 1
+            self._store(key, found)
+        self._memory[key] = found
+        while len(self._memory) > CLONE_MEMORY_ENTRIES:
+            self._memory.popitem(last=False)
+        return found
+
+    def _path(self, key: str) -> Path | None:
+        return self.folder / f"mlx-{key}.safetensors" if self.folder is not None else None
+
+    def _load(self, key: str, path: str, with_codes: bool, load_audio: MlxLoadAudio) -> MlxClonePrompt | None:
+        stored = self._path(key)
+        if stored is None or not stored.is_file():
+            return None
+        import mlx.core as mx
+
+        try:
+            arrays = mx.load(str(stored))
+            if isinstance(arrays, dict):
+                mx.eval(*arrays.values())  # read now, not lazily once the file may have been replaced
+        except (OSError, RuntimeError, ValueError) as exc:
+            log.warning("clone_prompt_unreadable", path=str(stored), error=str(exc))
+            return None
+        if not isinstance(arrays, dict) or "speaker" not in arrays or (with_codes and "ref_codes" not in arrays):
+            return None
+        self.loaded += 1
+        return MlxClonePrompt(arrays["speaker"], arrays.get("ref_codes") if with_codes else None, load_audio(path))
+
+    def _store(self, key: str, prompt: MlxClonePrompt) -> None:
+        stored = self._path(key)
+        if stored is None:
+            return
+        import mlx.core as mx
+
+        arrays = {"speaker": prompt.speaker}
+        if prompt.ref_codes is not None:
+            arrays["ref_codes"] = prompt.ref_codes
+        try:
+            stored.parent.mkdir(parents=True, exist_ok=True)
+            # mx.save_safetensors appends ".safetensors" to a name without it: give it one.
+            fd, tmp = tempfile.mkstemp(dir=stored.parent, prefix=f".{key}.", suffix=".tmp.safetensors")
+            os.close(fd)
+            try:
+                mx.save_safetensors(tmp, arrays, metadata={"format": CLONE_FORMAT})
+                os.replace(tmp, stored)  # atomic: a reader sees the old file or the whole new one
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        except (OSError, RuntimeError) as exc:  # a read-only cache folder costs speed, not the request
+            log.warning("clone_prompt_not_stored", path=str(stored), error=str(exc))
+
+
+class _ClonePromptHook:
+    """Installed on the loaded model: mlx-audio's two encoder entry points answer from ``pending``.
+
+    With nothing pending (warm-up, benchmarks driving ``mlx_model`` directly) they run mlx-audio's
+    own methods, looked up on the class at each call.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.pending: MlxClonePrompt | None = None
+        self.used: set[str] = set()
+        self.warned = False
+        """``mlx_clone_cache_bypassed`` was logged."""
+        model.extract_speaker_embedding = self._speaker
+        if model.speech_tokenizer is not None:
+            model.speech_tokenizer.encode = self._codes
+
+    def speaker_embedding(self, audio: Any) -> Any:
+        """mlx-audio's own ``extract_speaker_embedding`` (the speaker encoder runs)."""
+        return type(self.model).extract_speaker_embedding(self.model, audio)
+
+    def reference_codes(self, audio: Any) -> Any:
+        """mlx-audio's own ``speech_tokenizer.encode`` of a ``[1, 1, samples]`` recording (the codec encoder runs)."""
+        tokenizer = self.model.speech_tokenizer
+        return type(tokenizer).encode(tokenizer, audio)
+
+    def _speaker(self, audio: Any, sr: int = 24000) -> Any:
+        if self.pending is not None:
+            self.used.add("speaker")
+            return self.pending.speaker
+        return type(self.model).extract_speaker_embedding(self.model, audio, sr)
+
+    def _codes(self, audio: Any) -> Any:
+        if self.pending is not None and self.pending.ref_codes is not None:
+            self.used.add("codes")
+            return self.pending.ref_codes
+        return self.reference_codes(audio)
 
 
 class MlxQwen3Engine:
@@ -191,7 +373,11 @@ class MlxQwen3Engine:
             dtype=dtype,
             mode=mode,
         )
-        self._loaded = _Loaded(model=model, info=info, max_frames=self._max_frames)
+        hook = clones = None
+        if mode == "base" and getattr(model, "speaker_encoder", None) is not None:
+            hook = _ClonePromptHook(model)
+            clones = MlxClonePromptCache(_clone_model_key(folder, dtype, device), self._clone_folder())
+        self._loaded = _Loaded(model=model, info=info, max_frames=self._max_frames, hook=hook, clones=clones)
         log.info(
             "mlx_engine_loaded",
             source=source.location,
@@ -269,6 +455,10 @@ class MlxQwen3Engine:
         if request.seed is not None:
             mx.random.seed(request.seed)
         entry = kwargs.pop("entry")
+        prompt: MlxClonePrompt | None = kwargs.pop("clone_prompt", None)
+        hook = loaded.hook
+        if hook is not None:
+            hook.pending, hook.used = prompt, set()
         results = getattr(model, entry)(**kwargs)
         chunks = 0
         finished = False
@@ -282,11 +472,15 @@ class MlxQwen3Engine:
                 except (ValueError, RuntimeError, FileNotFoundError, OSError) as exc:
                     msg = f"mlx-audio failed: {exc}"
                     raise EngineError(msg) from exc
+                if chunks == 0 and hook is not None and prompt is not None:
+                    self._check_prompt_used(hook, prompt)
                 if should_stop():
                     break
                 chunks += 1
                 yield np.array(result.audio.astype(mx.float32), dtype=np.float32, copy=True)
         finally:
+            if hook is not None:
+                hook.pending = None
             self._release(model, results, finished)
             log.debug("mlx_utterance_released", chunks=chunks, active_mib=round(mx.get_active_memory() / 2**20, 1))
 
@@ -299,10 +493,19 @@ class MlxQwen3Engine:
             # A finished stream has reset the decoder itself; a stopped one left its conv
             # buffers and KV cache behind (a walk over all modules, ~10 ms on this CPU).
             model.speech_tokenizer.decoder.reset_streaming_state()
+        # mlx-audio's own ICL cache (keyed by the recording's length and sum) is superseded by the
+        # clone-prompt cache (keyed by its hash): emptied, so the codes always come from ours.
         icl_cache: dict[Any, Any] = getattr(model, "_icl_cache", {})
-        while len(icl_cache) > ICL_CACHE_LIMIT:
-            icl_cache.pop(next(iter(icl_cache)))
+        icl_cache.clear()
         mx.clear_cache()
+
+    @staticmethod
+    def _check_prompt_used(hook: _ClonePromptHook, prompt: MlxClonePrompt) -> None:
+        """Log (once) when mlx-audio prepared the prompt without asking the hook: it ran its encoders."""
+        wanted = {"speaker"} | ({"codes"} if prompt.ref_codes is not None else set())
+        if not wanted <= hook.used and not hook.warned:
+            hook.warned = True
+            log.warning("mlx_clone_cache_bypassed", wanted=sorted(wanted), used=sorted(hook.used))
 
     def _generate_kwargs(self, loaded: _Loaded, request: SynthesisRequest, max_frames: int | None) -> dict[str, Any]:
         """Validate ``request`` as the torch engine does and turn it into mlx-audio arguments."""
@@ -318,6 +521,7 @@ class MlxQwen3Engine:
             if not Path(ref_audio).is_file():
                 msg = f"cannot read reference audio {ref_audio!r}: no such file"
                 raise EngineError(msg)
+        prompt = self._clone_prompt(loaded, ref_audio, request.ref_text or None) if ref_audio is not None else None
         kwargs: dict[str, Any] = {
             "text": request.text,
             "language": language,
@@ -337,11 +541,66 @@ class MlxQwen3Engine:
         kwargs.update(
             voice=voice.lower() if voice else None,
             instruct=instruct if info.mode == "custom_voice" else None,
-            ref_audio=ref_audio,
+            ref_audio=prompt.audio if prompt is not None else ref_audio,
             ref_text=(request.ref_text or None) if ref_audio is not None else None,
             split_pattern="",
         )
-        return {"entry": "generate", **kwargs}
+        return {"entry": "generate", "clone_prompt": prompt, **kwargs}
+
+    # -- clone prompts --
+
+    def _clone_prompt(self, loaded: _Loaded, path: str, ref_text: str | None) -> MlxClonePrompt | None:
+        """The cached prompt of the recording at ``path``; None when this build cannot clone (mlx-audio decides)."""
+        if loaded.clones is None or loaded.hook is None:
+            return None
+        tokenizer = loaded.model.speech_tokenizer
+        with_codes = ref_text is not None and bool(getattr(tokenizer, "has_encoder", False))
+        hook = loaded.hook
+
+        def compute(recording: str, codes: bool) -> MlxClonePrompt:
+            import mlx.core as mx
+
+            audio = self._read_reference(loaded, recording)
+            started = time.perf_counter()
+            try:
+                speaker = hook.speaker_embedding(audio)
+                ref_codes = hook.reference_codes(audio[None, None, :]) if codes else None
+                mx.eval(speaker, *(() if ref_codes is None else (ref_codes,)))
+            except (ValueError, RuntimeError, TypeError, IndexError) as exc:
+                msg = f"cannot compute the clone prompt of {recording!r}: {exc}"
+                raise EngineError(msg) from exc
+            log.info(
+                "clone_prompt_computed",
+                path=recording,
+                icl=codes,
+                seconds=round(audio.shape[0] / loaded.info.sample_rate, 2),
+                ms=round((time.perf_counter() - started) * 1000, 1),
+            )
+            return MlxClonePrompt(speaker, ref_codes, audio)
+
+        try:
+            return loaded.clones.get(path, with_codes, compute, lambda p: self._read_reference(loaded, p))
+        except OSError as exc:
+            msg = f"cannot read reference audio {path!r}: {exc}"
+            raise EngineError(msg) from exc
+
+    @staticmethod
+    def _read_reference(loaded: _Loaded, path: str) -> Any:
+        """The recording as mlx-audio's ``generate`` loads a path: resampled to the model's rate, mono."""
+        from mlx_audio.utils import load_audio
+
+        try:
+            return load_audio(path, sample_rate=loaded.info.sample_rate)
+        except Exception as exc:  # miniaudio's DecodeError is a bare Exception; any failure here is the file's
+            msg = f"cannot read reference audio {path!r}: {exc}"
+            raise EngineError(msg) from exc
+
+    def _clone_folder(self) -> Path | None:
+        """Where clone prompts are stored: the torch engine's folder (``voice_cache``, ``$S2S_VOICE_CACHE``)."""
+        value = self._options.extra.get("voice_cache") or os.environ.get("S2S_VOICE_CACHE")
+        if not value:
+            return default_cache_dir()
+        return None if value.lower() in ("off", "none", "false", "0") else Path(value).expanduser()
 
     @staticmethod
     def _budget(model: Any, text: str, cap: int | None) -> int:
@@ -472,6 +731,21 @@ def _quantize_at_load(model: Any, quantization: str) -> str:
 
     quantize(model.talker, group_size=QUANT_GROUP_SIZE, bits=bits, class_predicate=predicate)
     return quantization
+
+
+def _clone_model_key(folder: Path, dtype: str, device: str) -> str:
+    """The model (its folder and weight files as they are now), quantization, device and mlx-audio of a prompt."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mlx_audio_version = version("mlx-audio")
+    except PackageNotFoundError:
+        mlx_audio_version = "?"
+    stamps = ["mlx", mlx_audio_version, str(folder.resolve()), dtype, device]
+    for weights in (*sorted(folder.glob("*.safetensors")), *sorted(folder.glob("speech_tokenizer/*.safetensors"))):
+        st = weights.stat()
+        stamps.append(f"{weights.name}:{st.st_size}:{st.st_mtime_ns}")
+    return "|".join(stamps)
 
 
 def _talker_dtype(model: Any) -> str:

@@ -11,12 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from s2s_daemon.intake.http.encoders import FORMATS
 from s2s_daemon.intake.schemas import IntakeRules, decode_json_object
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
+from s2s_daemon.pipeline.vocabulary import UnknownVoiceError
 
 OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer", "verse"}
 )
 """OpenAI's built-in voices: clients send them by default (Open WebUI: ``alloy``); they speak with
-``tts.voice``. Any other name that is not one of the model's speakers is ``unknown_voice``."""
+``tts.voice``, unless a preset or a library voice has that name (``ours_named``). Any other name that
+is none of the daemon's voices is ``unknown_voice``."""
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 """Listed by ``/v1/models`` beside the daemon's model; ``model`` itself is accepted and ignored."""
 SPEED_RANGE = (0.25, 4.0)
@@ -124,13 +126,24 @@ def parse_speech(body: bytes) -> SpeechPayload:
     return speech.model_copy(update={"response_format": fmt})
 
 
+def ours_named(name: str, rules: IntakeRules) -> bool:
+    """Whether one of the daemon's own voices is called ``name`` (any case): a preset speaker, or a
+    library voice, even one of a kind this model cannot speak (``parse_say`` then says why)."""
+    if name.lower() in {v.lower() for v in rules.voices}:
+        return True
+    if rules.library is None:
+        return False
+    try:
+        return rules.library.lookup(name) is not None
+    except UnknownVoiceError:
+        return True
+
+
 def say_payload(speech: SpeechPayload, rules: IntakeRules) -> bytes:
     """The say request (MQTT's JSON) for ``speech``, to be checked by the same rules as MQTT's."""
     voice = speech.voice_name()
-    if voice is not None and voice.strip():
-        ours = {v.lower() for v in rules.voices}
-        if voice.strip().lower() not in ours and voice.strip().lower() in OPENAI_VOICES:
-            voice = None  # an OpenAI voice name: the default voice
+    if voice is not None and voice.strip().lower() in OPENAI_VOICES and not ours_named(voice.strip(), rules):
+        voice = None  # an OpenAI voice name that is none of ours: the default voice
     say: dict[str, Any] = {"text": speech.input, "voice": voice, "language": speech.language}
     if speech.instructions is not None:
         say["instruct"] = speech.instructions
