@@ -13,12 +13,13 @@ import structlog
 
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.config import DaemonConfig
-from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, UnavailableError
+from s2s_daemon.errors import EXIT_FAILURE, EXIT_NOPERM, EXIT_OK, EXIT_SOFTWARE, UnavailableError
 from s2s_daemon.events.discovery import HaDiscovery
 from s2s_daemon.events.memory import memory_payload
 from s2s_daemon.events.publisher import MqttEvents, now_ms
 from s2s_daemon.intake.http import open_http_server, require_http_extra
 from s2s_daemon.intake.mqtt import DurableEvents, MqttIntake
+from s2s_daemon.intake.pool import PoolHandBack
 from s2s_daemon.intake.schemas import IntakeRules
 from s2s_daemon.mqtt.broker import EmbeddedBroker
 from s2s_daemon.mqtt.connection import MqttProtocol
@@ -60,6 +61,8 @@ class Daemon:
         self._stop = asyncio.Event()
         self._sigint_count = 0
         self._memory_now = asyncio.Event()
+        self._exit_code = EXIT_OK
+        """What ``run`` returns: EXIT_SOFTWARE after a wedged engine."""
 
     # -- signals -----------------------------------------------------------------------
 
@@ -166,8 +169,8 @@ class Daemon:
             log.info("ready", engine=info.engine, model=info.model, device=info.device, voices=len(info.voices))
             await self._stop.wait()
             await self._drain(wiring, tasks)
-        log.info("stopped")
-        return EXIT_OK
+        log.info("stopped", exit_code=self._exit_code)
+        return self._exit_code
 
     async def _wire(
         self, worker: EngineWorker, info: EngineInfo, sink: AudioSink, journal: RequestJournal | None = None
@@ -206,6 +209,8 @@ class Daemon:
 
         ha_birth = (discovery.birth_topic, on_ha_birth) if discovery.enabled else None
         intake = MqttIntake(ledger, rules, self.topics, cfg.mqtt.hermes, ha_birth=ha_birth, durable=durable)
+        if self.topics.pool_subscription is not None:  # a pool member hands its pool requests back on drain
+            intake.pool = PoolHandBack(ledger, rules, self.topics, lambda m: link.publish(m), durable)
 
         def on_connect() -> list[OutMessage]:
             retained = [events.status_message(True), events.info_message(), events.state_message()]
@@ -221,15 +226,31 @@ class Daemon:
             protocol=MqttProtocol.V311 if cfg.mqtt.broker == "embedded" else None,
             subscriptions=discovery.subscriptions(),
             auto_ack=durable is None,  # the intake acknowledges once the journal committed
+            on_denied=self._subscription_denied,
         )
         link.prepare()
         wyoming = await self._open_wyoming(ledger, rules, info)
         http = await open_http_server(cfg.http, ledger, rules, info)  # listening (port taken: 69); None when off
         vad = await self._open_vad(ledger, events, gate)
-        return _Wiring(pipeline, events, link, wyoming, http, vad, durable)
+        return _Wiring(pipeline, events, link, wyoming, http, vad, durable, intake.pool)
+
+    def _subscription_denied(self, refused: list[tuple[str, str]]) -> None:
+        """The broker refused a subscription (its ACL): a daemon that cannot hear its requests stops,
+        exit 77, rather than sit deaf. The link never published ``online`` for that connection."""
+        if self._exit_code == EXIT_OK:
+            self._exit_code = EXIT_NOPERM
+        log.critical(
+            "exiting_subscription_denied",
+            topics=[topic for topic, _ in refused],
+            reasons=[reason for _, reason in refused],
+            exit_code=EXIT_NOPERM,
+            fix="grant the daemon read access to these topics in the broker's ACL (README: Broker access control)",
+        )
+        self.request_stop()
 
     def _start(self, tg: asyncio.TaskGroup, wiring: _Wiring, worker: EngineWorker) -> _Tasks:
         pipeline = wiring.pipeline
+        worker.on_wedged = lambda reason: self._engine_wedged(wiring, reason)
         tasks = _Tasks(
             link=tg.create_task(wiring.link.run(), name="s2s.mqtt"),
             tts=tg.create_task(pipeline.tts.run(), name="s2s.tts"),
@@ -242,7 +263,7 @@ class Daemon:
         tasks.helpers.append(tg.create_task(wiring.events.run_state(), name="s2s.events.state"))
         tasks.helpers.append(tg.create_task(self._memory_loop(worker, wiring.events), name="s2s.telemetry.memory"))
         if self.notifier.watchdog_interval_s:
-            tasks.helpers.append(tg.create_task(self._watchdog(), name="s2s.watchdog"))
+            tasks.helpers.append(tg.create_task(self._watchdog(worker), name="s2s.watchdog"))
         if wiring.vad is not None:
             tasks.helpers.append(tg.create_task(wiring.vad.run(), name="s2s.vad"))
         if wiring.http is not None:  # cancelled after the drain: closes, letting responses being written end
@@ -256,9 +277,20 @@ class Daemon:
         ledger = wiring.pipeline.ledger
         self.notifier.stopping()
         log.info("draining", queued=len(wiring.pipeline.requests), timeout_s=cfg.shutdown.drain_timeout_s)
+        pool = wiring.pool
+        if pool is not None:  # the queued pool requests go back to the pool, not cancelled
+            held = pool.begin()
         ledger.close()  # accepts no more; queued requests are answered cancelled
         if wiring.wyoming is not None:
             wiring.wyoming.stop_accepting()
+        if pool is not None:
+            # Leave the shared group first, so that the broker sends the hand-backs (and new pool
+            # requests) to the other members; pool requests arriving meanwhile are held too.
+            left = await wiring.link.leave_pool(CLOSE_TIMEOUT_S)
+            if not left:
+                log.warning("pool_leave_unconfirmed", timeout_s=CLOSE_TIMEOUT_S)
+            released = pool.release()
+            log.info("pool_left", confirmed=left, handing_back=released, queued=held)
         _, pending = await asyncio.wait({tasks.tts, tasks.playback}, timeout=cfg.shutdown.drain_timeout_s)
         if pending:
             log.warning("drain_timeout", interrupted=[j.request.id for j in ledger.jobs.values()])
@@ -282,6 +314,8 @@ class Daemon:
         wiring.link.publish(wiring.events.state_message())
         await wiring.link.close([wiring.events.status_message(False)], CLOSE_TIMEOUT_S)
         tasks.link.cancel()
+        if pool is not None:
+            log.info("pool_handed_back", requests=pool.handed_back, acknowledged=pool.acknowledged)
         if tasks.journal is not None:
             tasks.journal.cancel()  # what the last acknowledgements wrote is committed by its close
 
@@ -327,10 +361,29 @@ class Daemon:
             # minimum gap, then reports the memory after the latest of them.
             await asyncio.sleep(MEMORY_MIN_INTERVAL_S)
 
-    async def _watchdog(self) -> None:
+    def _engine_wedged(self, wiring: _Wiring, reason: str) -> None:
+        """The engine thread is stuck for good (``EngineWorker``): stop serving and exit 70 through
+        the drain. What was not spoken is left to the next start: journaled MQTT requests stopped
+        now are not answered (their rows stay open), the failed request was answered already."""
+        if self._exit_code == EXIT_SOFTWARE:
+            return
+        self._exit_code = EXIT_SOFTWARE
+        log.critical("exiting_engine_wedged", reason=reason, exit_code=EXIT_SOFTWARE)
+        if wiring.durable is not None:
+            wiring.durable.leave_open()
+        stopped = wiring.pipeline.ledger.stop_all()
+        log.info("left_for_restart_total", requests=stopped, journal=wiring.durable is not None)
+        self.request_stop()
+
+    async def _watchdog(self, worker: EngineWorker | None = None) -> None:
+        """Ping the service manager's watchdog while the daemon can serve: not once the engine is
+        wedged (a drain that then hangs is killed and restarted by the service manager)."""
         interval = self.notifier.watchdog_interval_s
         assert interval is not None
         while True:
+            if worker is not None and worker.wedged is not None:
+                log.warning("watchdog_withheld", reason=worker.wedged)
+                return
             self.notifier.watchdog()
             await asyncio.sleep(interval / 2)
 
@@ -346,6 +399,8 @@ class _Wiring:
     http: Any
     vad: Any
     durable: DurableEvents | None = None
+    pool: PoolHandBack | None = None
+    """A pool member's hand-back (``mqtt.shared_group``); None otherwise."""
 
 
 @dataclass(slots=True)

@@ -112,6 +112,13 @@ class TtsConfig(Section):
     """Codec frames (80 ms each) per streamed chunk."""
     max_text_chars: int = Field(2000, ge=1, le=100_000)
     warmup: bool = True
+    stall_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """No chunk from the engine for this long (the first one included: prefill, cold caches) fails
+    the request ``engine_error``; an engine thread that then does not return within as long again
+    is wedged: the daemon exits 70 for its service manager to restart it."""
+    max_utterance_s: float = Field(300.0, gt=0, le=86_400)
+    """Engine time one request may take, all its sentences together (time it waits for playback or
+    for a streamed text's next piece does not count); past it the request fails ``engine_error``."""
     torch: TorchEngineConfig = TorchEngineConfig()
     mlx: MlxEngineConfig = MlxEngineConfig()
     options: dict[str, str] = Field(default_factory=dict)

@@ -6,6 +6,11 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_UNAVAILABLE = 69
 """EX_UNAVAILABLE: a required service or component is missing."""
+EXIT_SOFTWARE = 70
+"""EX_SOFTWARE: the engine thread is wedged (it did not return after a request failed); a
+service manager restarts the daemon, and the journal resumes the unanswered requests."""
+EXIT_NOPERM = 77
+"""EX_NOPERM: the broker refused one of the daemon's subscriptions (its ACL): restarting cannot fix it."""
 EXIT_CONFIG = 78
 """EX_CONFIG: the configuration is invalid."""
 

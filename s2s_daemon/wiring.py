@@ -36,7 +36,9 @@ from s2s_daemon.tts.worker import EngineWorker
 async def load_engine(config: DaemonConfig) -> tuple[EngineWorker, EngineInfo]:
     """Create and load the configured engine on its worker thread; map failures to exit codes."""
     engine: TtsEngine = create_engine(config.tts.engine, engine_options(config.tts))
-    worker = EngineWorker(engine)
+    worker = EngineWorker(
+        engine, stall_timeout_s=config.tts.stall_timeout_s, max_utterance_s=config.tts.max_utterance_s
+    )
     try:
         info = await worker.load()
     except CheckpointError as exc:

@@ -16,12 +16,13 @@ from dataclasses import replace
 
 import structlog
 
+from s2s_daemon.intake.pool import POOL_ORIGIN, PoolHandBack
 from s2s_daemon.intake.schemas import IntakeRules, StopPayload, decode_json_object, parse_say
 from s2s_daemon.mqtt.messages import InMessage, OutMessage
 from s2s_daemon.mqtt.topics import HERMES_SAY, Topics
 from s2s_daemon.pipeline.jobs import Dispatcher, Job, JobEvents, Phase
 from s2s_daemon.pipeline.journal import JournalError, Recovered, RequestJournal
-from s2s_daemon.pipeline.messages import ErrorCode, RequestError, SayRequest
+from s2s_daemon.pipeline.messages import ErrorCode, RequestError, SayRequest, Status
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +47,9 @@ class MqttIntake:
         self.hermes = hermes
         self.ha_birth = ha_birth
         """Home Assistant's birth topic and what to do with its payload (discovery on)."""
+        self.pool: PoolHandBack | None = None
+        """A pool daemon's hand-back (``mqtt.shared_group``): while it is active, pool requests go
+        back to the pool instead of being served (the drain)."""
 
     def handle(self, message: InMessage) -> None:
         try:
@@ -70,6 +74,8 @@ class MqttIntake:
             log.debug("message_ignored", topic=topic)
 
     def say(self, message: InMessage, origin: str) -> SayRequest:
+        if origin == POOL_ORIGIN and self.pool is not None and self.pool.active:
+            return self.pool.arrived(message)  # draining: another member of the pool answers it
         # Latency counts from the moment the message came off the socket, not from here.
         parsed = parse_say(
             message.payload, self.rules, origin=origin, reply_to=message.reply_to, received_at=message.received_at
@@ -82,6 +88,10 @@ class MqttIntake:
                 reason=parsed.error.message,
             )
             self.dispatcher.reject(parsed.request, parsed.error.code, parsed.error.message)
+        elif message.redelivered and self.dispatcher.seen(parsed.request.id):
+            # The broker sent it again (its acknowledgement was lost with a connection): the
+            # first copy is, or was, answered; a second answer would break "exactly one".
+            log.info("redelivery_ignored", request_id=parsed.request.id)
         else:
             job = self.dispatcher.submit(parsed.request)
             if self.durable is not None and job.phase is not Phase.DONE:
@@ -143,6 +153,13 @@ class DurableEvents:
         self._open: dict[Job, int] = {}
         """Journaled jobs not answered yet -> their journal seq."""
         self._captured: list[OutMessage] | None = None
+        self._leaving_open = False
+
+    def leave_open(self) -> None:
+        """The daemon exits on a failure (a wedged engine): from now on a journaled request that
+        ends ``cancelled`` or ``interrupted`` is not answered, its journal row stays open and the
+        next start serves it (as after a crash). Completed, failed and expired ones are answered."""
+        self._leaving_open = True
 
     # -- what MqttEvents publishes through -------------------------------------------------
 
@@ -196,6 +213,11 @@ class DurableEvents:
                 self.journal.done(entry.seq)  # in the same commit as its terminal messages
         return queued, expired
 
+    def release(self, job: Job) -> int | None:
+        """Forget a job handed back to the pool (it gets no terminal event here); its journal seq,
+        to be finished once the broker acknowledged the hand-back."""
+        return self._open.pop(job, None)
+
     def _lost(self, job: Job) -> None:
         if self._open.pop(job, None) is not None:
             self._dispatcher().withdraw(job, JOURNAL_LOST)
@@ -213,6 +235,9 @@ class DurableEvents:
     def finished(self, job: Job) -> None:
         assert self.inner is not None
         seq = self._open.pop(job, None)
+        if self._leaving_open and seq is not None and job.status in (Status.CANCELLED, Status.INTERRUPTED):
+            log.info("left_for_restart", request_id=job.request.id)
+            return
         if seq is None and job.request.origin not in MQTT_ORIGINS:
             self.inner.finished(job)  # a connected caller's request: not journaled
             return

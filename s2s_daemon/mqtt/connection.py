@@ -23,6 +23,7 @@ import socket
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import structlog
@@ -40,6 +41,8 @@ log = structlog.get_logger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0
 """TCP connect, TLS handshake, then the CONNACK: each may take this long."""
+NO_MATCHING_SUBSCRIBERS = 0x10
+"""The v5 PUBACK reason code of a publish that the broker accepted but nobody subscribed to."""
 MISC_INTERVAL_S = 1.0
 """How often paho's ``loop_misc`` checks the keepalive (PINGREQ, a missing PINGRESP)."""
 
@@ -92,16 +95,47 @@ class ConnectOptions:
     will: OutMessage | None = None
 
 
+def _encrypted_key() -> bytes:
+    """The password callback of ``load_cert_chain``: without it OpenSSL would prompt on the terminal."""
+    raise ValueError("the key is encrypted; the daemon needs an unencrypted key file (openssl pkey -in KEY -out NEW)")
+
+
+def _check_readable(key: str, path: Path | None) -> None:
+    if path is None:
+        return
+    try:
+        with path.open("rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot read {path}: {exc.strerror or exc}") from exc
+
+
 def tls_context(tls: TlsConfig | None) -> ssl.SSLContext | None:
-    """The client TLS context for ``mqtt.tls`` (read once at startup); a bad file is a ConfigError."""
+    """The client TLS context for ``mqtt.tls`` (read once at startup); a bad file is a ConfigError
+    (exit 78) naming the key and the file."""
     if tls is None:
         return None
+    if tls.key_file is not None and tls.cert_file is None:
+        raise ConfigError(
+            f"mqtt.tls.key_file: {tls.key_file} is set without mqtt.tls.cert_file (the client certificate)"
+        )
+    _check_readable("mqtt.tls.ca_file", tls.ca_file)
+    _check_readable("mqtt.tls.cert_file", tls.cert_file)
+    _check_readable("mqtt.tls.key_file", tls.key_file)
     try:
         context = ssl.create_default_context(cafile=str(tls.ca_file) if tls.ca_file else None)
-        if tls.cert_file is not None:
-            context.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"mqtt.tls: {exc}") from exc
+        raise ConfigError(f"mqtt.tls.ca_file: {tls.ca_file}: not a PEM certificate bundle ({exc})") from exc
+    if tls.cert_file is not None:
+        try:
+            context.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None, _encrypted_key)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            where = f"mqtt.tls.cert_file {tls.cert_file}" + (
+                f", mqtt.tls.key_file {tls.key_file}" if tls.key_file else ""
+            )
+            raise ConfigError(
+                f"{where}: not a usable PEM certificate and private key that belong together ({exc})"
+            ) from exc
     if tls.insecure:
         context.check_hostname = False  # paho then skips its own host name check too
     return context
@@ -149,7 +183,10 @@ class PahoConnection:
     The owner is called back on the event loop: ``on_message`` for every PUBLISH read,
     ``on_published`` with the packet id of every acknowledged QoS 1/2 publish, and
     ``on_session`` with the CONNACK's session-present flag before any message of that
-    session is read. The constructor does no I/O; a connection is never reused.
+    session is read, and ``on_refused`` with the packet id, the topic, the reason and its code of
+    every publish the broker acknowledged with a failure (MQTT v5: not authorized, quota) or with
+    "no matching subscribers" (0x10: nobody got it), just before its ``on_published``. The
+    constructor does no I/O; a connection is never reused.
     """
 
     def __init__(
@@ -158,11 +195,13 @@ class PahoConnection:
         on_message: Callable[[paho.MQTTMessage], None],
         on_published: Callable[[int], None],
         on_session: Callable[[bool], None] = lambda present: None,
+        on_refused: Callable[[int, str, str, int], None] | None = None,
     ) -> None:
         self.options = options
         self._on_message = on_message
         self._on_published = on_published
         self._on_session = on_session
+        self._on_refused = on_refused
         self._client: paho.Client | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd = -1
@@ -175,8 +214,13 @@ class PahoConnection:
         """Why the connection ended."""
         self._session_present = False
         self._tls: _TrackingContext | None = None
-        self._subscribes: dict[int, tuple[list[str], asyncio.Future[list[str] | None]]] = {}
-        """SUBSCRIBEs awaiting their SUBACK: the topics, and the refused ones (None: the connection ended)."""
+        self._subscribes: dict[int, tuple[list[str], asyncio.Future[list[tuple[str, str]] | None]]] = {}
+        """SUBSCRIBEs awaiting their SUBACK: the topics, and the refused ones with the reason (None: the
+        connection ended)."""
+        self._unsubscribes: dict[int, asyncio.Future[bool]] = {}
+        """UNSUBSCRIBEs awaiting their UNSUBACK (False: the connection ended first)."""
+        self._topics: dict[int, str] = {}
+        """The topic of each QoS 1/2 publish awaiting its acknowledgement (to name a refused one)."""
 
     # -- opening -----------------------------------------------------------------------
 
@@ -204,6 +248,7 @@ class PahoConnection:
         client.on_message = self._received
         client.on_publish = self._published
         client.on_subscribe = self._subscribed
+        client.on_unsubscribe = self._unsubscribed
         # Small packets both ways: without TCP_NODELAY, Nagle and delayed ACKs cost ~40 ms.
         # Called in the connecting thread, before the CONNECT is written.
         client.on_socket_open = _no_delay
@@ -224,7 +269,12 @@ class PahoConnection:
                 wrapped.close()
             raise
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            raise MqttConnectError(f"cannot send CONNECT: {_reason(rc)}")
+            hint = ""
+            if o.tls is not None and rc == MQTTErrorCode.MQTT_ERR_CONN_LOST:
+                # TLS 1.3: the broker checks the client certificate after the handshake and hangs up.
+                hint = " (the broker closed the TLS connection at once: it may require a client certificate,"
+                hint += " mqtt.tls.cert_file, or refuse this one)"
+            raise MqttConnectError(f"cannot send CONNECT: {_reason(rc)}{hint}")
 
     async def open(self, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
         """Connect and wait for the CONNACK; the session-present flag. Raises MqttConnectError."""
@@ -378,14 +428,22 @@ class PahoConnection:
             if not waiter.done():
                 waiter.set_result(None)
         self._subscribes.clear()
+        for unsubscribed in self._unsubscribes.values():
+            if not unsubscribed.done():
+                unsubscribed.set_result(False)
+        self._unsubscribes.clear()
 
     def _received(self, _client: paho.Client, _userdata: Any, message: paho.MQTTMessage) -> None:
         self._on_message(message)
 
     def _published(self, _client: paho.Client, _userdata: Any, mid: int, reason: ReasonCode, _props: Any) -> None:
-        if reason.is_failure:
+        topic = self._topics.pop(mid, "?")
+        if reason.is_failure or reason.value == NO_MATCHING_SUBSCRIBERS:
             # A v5 broker may refuse a publish (not authorized, quota): it is settled, not retried.
-            log.warning("mqtt_publish_refused_by_broker", mid=mid, reason=str(reason))
+            if self._on_refused is not None:
+                self._on_refused(mid, topic, str(reason), reason.value)
+            elif reason.is_failure:
+                log.warning("mqtt_publish_refused_by_broker", topic=topic, reason=str(reason))
         self._on_published(mid)
 
     def _subscribed(
@@ -396,7 +454,17 @@ class PahoConnection:
             return
         topics, waiter = entry
         if not waiter.done():
-            waiter.set_result([topic for topic, reason in zip(topics, reasons, strict=False) if reason.is_failure])
+            refused = [(topic, str(r)) for topic, r in zip(topics, reasons, strict=False) if r.is_failure]
+            if len(reasons) < len(topics):  # a SUBACK that does not answer every topic refused the rest
+                refused += [(topic, "no reason code in the SUBACK") for topic in topics[len(reasons) :]]
+            waiter.set_result(refused)
+
+    def _unsubscribed(
+        self, _client: paho.Client, _userdata: Any, mid: int, _reasons: list[ReasonCode], _props: Any
+    ) -> None:
+        waiter = self._unsubscribes.pop(mid, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)  # a v5 "no subscription existed" is as good: we are not subscribed
 
     # -- what the owner does -------------------------------------------------------------
 
@@ -415,21 +483,25 @@ class PahoConnection:
         info = self._paho().publish(message.topic, message.payload, message.qos, message.retain, properties)
         if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
             raise MqttConnectionLost(f"cannot publish: {_reason(info.rc)}")
-        return info.mid if message.qos > 0 else None
+        if message.qos == 0:
+            return None
+        self._topics[info.mid] = message.topic
+        return info.mid
 
     def ack(self, mid: int, qos: int) -> None:
         """Send the PUBACK (QoS 1) or PUBCOMP (QoS 2) for a received message; nothing once ended."""
         if self.is_open:
             self._paho().ack(mid, qos)
 
-    async def subscribe(self, topics: Sequence[tuple[str, int]], timeout_s: float) -> list[str]:
-        """Subscribe in one SUBSCRIBE and wait for the SUBACK; the topics the broker refused."""
+    async def subscribe(self, topics: Sequence[tuple[str, int]], timeout_s: float) -> list[tuple[str, str]]:
+        """Subscribe in one SUBSCRIBE and wait for the SUBACK; the topics the broker refused, each
+        with the reason (MQTT v5 ``Not authorized`` for an ACL's refusal; 3.1.1 ``Unspecified error``)."""
         if not topics:
             return []
         rc, mid = self._paho().subscribe(list(topics))
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
             raise MqttConnectionLost(f"cannot subscribe: {_reason(rc)}")
-        waiter: asyncio.Future[list[str] | None] = self._loop_().create_future()
+        waiter: asyncio.Future[list[tuple[str, str]] | None] = self._loop_().create_future()
         self._subscribes[mid] = ([topic for topic, _ in topics], waiter)
         try:
             async with asyncio.timeout(timeout_s):
@@ -441,6 +513,24 @@ class PahoConnection:
         if refused is None:
             raise MqttConnectionLost(self._why())
         return refused
+
+    async def unsubscribe(self, topics: Sequence[str], timeout_s: float) -> bool:
+        """Unsubscribe in one UNSUBSCRIBE and wait for the UNSUBACK (at most ``timeout_s``): True once
+        the broker confirmed it, False when it did not within the time or the connection ended."""
+        if not self.is_open:
+            return False
+        rc, mid = self._paho().unsubscribe(list(topics))
+        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
+            return False
+        waiter: asyncio.Future[bool] = self._loop_().create_future()
+        self._unsubscribes[mid] = waiter
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await waiter
+        except TimeoutError:
+            return False
+        finally:
+            self._unsubscribes.pop(mid, None)
 
     def _why(self) -> str:
         ended = self._ended

@@ -17,6 +17,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import random
 import ssl
 from collections.abc import Callable, Sequence
@@ -78,6 +79,15 @@ class _Publishes:
         self._space.set()
         if message is not None and message.on_sent is not None:
             message.on_sent()
+
+    def refused(self, mid: int, reason: str) -> None:
+        """The broker acknowledged ``mid`` with a failure or "no matching subscribers" (before
+        ``acknowledged``): the message's ``on_refused`` instead of its ``on_sent``, when it has one."""
+        message = self.inflight.get(mid)
+        if message is not None and message.on_refused is not None:
+            del self.inflight[mid]
+            self._space.set()
+            message.on_refused(reason)
 
     async def wait_below(self, limit: int, connection: PahoConnection) -> None:
         """Wait until fewer than ``limit`` publishes are unacknowledged.
@@ -144,6 +154,7 @@ class MqttLink:
         subscriptions: Sequence[str] = (),
         auto_ack: bool = True,
         inbox_size: int = INBOX_SIZE,
+        on_denied: Callable[[list[tuple[str, str]]], None] | None = None,
     ) -> None:
         self.config = config
         self.topics = topics
@@ -154,6 +165,16 @@ class MqttLink:
         self.on_connect = on_connect
         """Returns the retained messages (status, info, state) to publish on every connect."""
         self.auto_ack = auto_ack
+        self.on_denied = on_denied
+        """Called with ``(topic, reason)`` of each subscription the broker refused (its ACL): the
+        daemon stops with exit 77. Until then the link publishes nothing that claims readiness
+        (no ``online``); terminal events still go out."""
+        self.denied: list[tuple[str, str]] = []
+        """The subscriptions the broker refused on the last connect."""
+        self._denied_publishes: set[str] = set()
+        """Topics whose publish the broker refused (logged once each)."""
+        self._leaving_pool = False
+        """``leave_pool()`` was called: the pool subscription is not made again, and is undone on connect."""
         """True: a message is acknowledged once ``on_message`` returned (or raised); False: its
         owner calls ``InMessage.ack()`` (e.g. once the request is durably stored)."""
         self.outbox: Channel[OutMessage] = Channel(OUTBOX_SIZE, Overflow.DROP_OLDEST, "outbox")
@@ -211,7 +232,7 @@ class MqttLink:
 
     def _subscriptions(self) -> list[str]:
         subs = [self.topics.say, self.topics.stop]
-        if self.topics.pool_subscription is not None:
+        if self.topics.pool_subscription is not None and not self._leaving_pool:
             subs.append(self.topics.pool_subscription)
         if self.config.hermes:
             subs.append(HERMES_SAY)
@@ -232,7 +253,11 @@ class MqttLink:
             protocol = self.protocol or (MqttProtocol.V5 if attempt % 2 == 0 else MqttProtocol.V311)
             publishes = _Publishes()
             connection = PahoConnection(
-                self._options(protocol), self._received, publishes.acknowledged, self._session_started
+                self._options(protocol),
+                self._received,
+                publishes.acknowledged,
+                self._session_started,
+                functools.partial(self._publish_refused, publishes),
             )
             self._connection = connection
             self._acks = _Acknowledgements(connection.ack)
@@ -290,24 +315,70 @@ class MqttLink:
                 tg.create_task(connection.run(), name="s2s.mqtt.keepalive")
                 qos = min(self.config.qos, 1)  # see _received on QoS 2
                 refused = await connection.subscribe([(t, qos) for t in self._subscriptions()], ACK_TIMEOUT_S)
-                for topic in refused:
-                    log.warning("mqtt_subscription_refused", topic=topic)
-                for message in self.on_connect():
-                    self._send(connection, publishes, message, requeue=False)
-                await publishes.wait_below(1, connection)
-                self.connected.set()
-                log.info(
-                    "mqtt_connected",
-                    host=self.config.host,
-                    port=self.config.port,
-                    protocol=self.protocol.value if self.protocol else None,
-                )
+                if self._leaving_pool and self.topics.pool_subscription is not None:
+                    # A persistent session still holds it from before the drain began.
+                    await connection.unsubscribe([self.topics.pool_subscription], ACK_TIMEOUT_S)
+                self.denied = refused
+                if refused:
+                    for topic, reason in refused:
+                        log.error(
+                            "mqtt_subscription_denied",
+                            topic=topic,
+                            reason=reason,
+                            consequence="requests on this topic are never received; grant it in the broker's ACL",
+                        )
+                    if self.on_denied is not None:
+                        self.on_denied(refused)
+                else:
+                    for message in self.on_connect():
+                        self._send(connection, publishes, message, requeue=False)
+                    await publishes.wait_below(1, connection)
+                    self.connected.set()
+                    log.info(
+                        "mqtt_connected",
+                        host=self.config.host,
+                        port=self.config.port,
+                        protocol=self.protocol.value if self.protocol else None,
+                    )
                 await self._pump(connection, publishes)
                 await connection.close(DISCONNECT_TIMEOUT_S)
         except* MqttError as group:
             raise group.exceptions[0] from None
         finally:
             self.connected.clear()
+
+    def _publish_refused(self, publishes: _Publishes, mid: int, topic: str, reason: str, code: int) -> None:
+        """The broker acknowledged a publish with a failure (v5; e.g. its ACL): loud once per topic.
+        "No matching subscribers" is no failure: only the message's own ``on_refused`` hears of it."""
+        publishes.refused(mid, reason)
+        if code < 0x80:
+            return
+        if topic in self._denied_publishes:
+            log.debug("mqtt_publish_denied", topic=topic, reason=reason)
+            return
+        self._denied_publishes.add(topic)
+        log.error(
+            "mqtt_publish_denied",
+            topic=topic,
+            reason=reason,
+            consequence="the broker drops what the daemon publishes there; grant it in the broker's ACL",
+        )
+
+    async def leave_pool(self, timeout_s: float) -> bool:
+        """Unsubscribe from the shared pool topic (a pool daemon's drain), so the broker sends new pool
+        requests to the group's other members; True once the UNSUBACK came within ``timeout_s``.
+
+        Not connected: False at once; the next connection then unsubscribes before it publishes
+        anything (a persistent session kept the subscription). No pool: True.
+        """
+        pool = self.topics.pool_subscription
+        if pool is None:
+            return True
+        self._leaving_pool = True
+        connection = self._connection
+        if connection is None or not connection.is_open:
+            return False
+        return await connection.unsubscribe([pool], timeout_s)
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -344,6 +415,7 @@ class MqttLink:
                 _reply_to(message),
                 asyncio.get_running_loop().time(),
                 receipt,
+                redelivered=bool(message.dup),
             )
         )
         connection = self._connection
@@ -451,10 +523,15 @@ class MqttLink:
                 self.outbox.put_front_nowait(message)
 
     def _properties(self, message: OutMessage) -> Properties | None:
-        if message.correlation_data is None or self.protocol is not MqttProtocol.V5:
+        if self.protocol is not MqttProtocol.V5 or (
+            message.correlation_data is None and message.response_topic is None
+        ):
             return None
         props = Properties(PacketTypes.PUBLISH)
-        props.CorrelationData = message.correlation_data
+        if message.response_topic is not None:
+            props.ResponseTopic = message.response_topic
+        if message.correlation_data is not None:
+            props.CorrelationData = message.correlation_data
         return props
 
     async def close(self, last: list[OutMessage], timeout_s: float = 5.0) -> None:

@@ -16,9 +16,15 @@ class OutMessage:
     retain: bool = False
     correlation_data: bytes | None = None
     """MQTT v5 Correlation Data echoed on a response topic."""
+    response_topic: str | None = None
+    """MQTT v5 Response Topic (a pool request handed back keeps its requester's)."""
     on_sent: Callable[[], None] | None = field(default=None, compare=False, repr=False)
     """Called once the broker acknowledged it (QoS 1/2), paho took it (QoS 0) or paho refused it
     for good; not when the outbox dropped it (overflow) or the link closed with it unsent."""
+    on_refused: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    """Called with the reason instead of ``on_sent`` when the broker acknowledged it with a failure
+    (MQTT v5: not authorized) or with "no matching subscribers" (nobody got it); None: ``on_sent``
+    is called then too (it is settled either way)."""
 
 
 class Receipt:
@@ -52,6 +58,8 @@ class InMessage:
     """Monotonic seconds when the message came off the socket."""
     receipt: Receipt | None = None
     """The acknowledgement still owed for a QoS 1 message; None for QoS 0."""
+    redelivered: bool = False
+    """The broker's DUP flag: it may have sent this message before (a reconnect, a resumed session)."""
 
     def ack(self) -> None:
         """Let the broker forget this message (a PUBACK, in arrival order); idempotent.

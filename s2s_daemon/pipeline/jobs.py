@@ -21,6 +21,7 @@ import asyncio
 import collections
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -206,10 +207,19 @@ class Dispatcher:
 
     def expire(self, request: SayRequest) -> Job:
         """Answer ``expired`` a request too old to be spoken (one resumed after a restart)."""
+        return self.unserved(request, Status.EXPIRED)
+
+    def unserved(self, request: SayRequest, status: Status, error: RequestError | None = None) -> Job:
+        """Answer a request that cannot be served (one resumed after a restart that is too old;
+        a pool request that could not be handed back)."""
         self._remember(request.id)
         job = Job(request, Timeline(received=request.received_at))
-        self._terminate(job, Status.EXPIRED)
+        self._terminate(job, status, error)
         return job
+
+    def seen(self, request_id: str) -> bool:
+        """Whether ``request_id`` was received within the de-duplication window."""
+        return request_id in self._seen
 
     def withdraw(self, job: Job, error: RequestError) -> None:
         """Take back an accepted request that could not be kept (its journal write failed): it
@@ -328,6 +338,31 @@ class Dispatcher:
                 cancelled.append(job)
         self.queue.close()
         return cancelled
+
+    def hand_back(self, wanted: Callable[[SayRequest], bool], at: float | None = None) -> list[Job]:
+        """Take the queued, not yet started requests ``wanted`` out of the queue with no terminal
+        event: another daemon answers them (a pool daemon's drain hands them back to the pool).
+        One already past its ``ttlMs`` ends ``expired`` here instead. Returns the handed-back jobs,
+        highest priority first, then in arrival order; each is done (``done`` set, no status)."""
+        now = time.monotonic() if at is None else at
+        out: list[Job] = []
+        for job in list(self.jobs.values()):
+            request = job.request
+            if job.phase is not Phase.QUEUED or request.id not in self.queue or not wanted(request):
+                continue
+            if request.ttl_ms is not None and (now - request.received_at) * 1000.0 >= request.ttl_ms:
+                self.cancel(job, Status.EXPIRED)
+                continue
+            self.queue.remove(request.id)
+            del self.jobs[request.id]
+            job.phase = Phase.DONE
+            self._stop(job)
+            job.done.set()
+            out.append(job)
+        if out:
+            self.events.state_changed()
+        out.sort(key=lambda job: -job.request.priority)  # stable: arrival order within a priority
+        return out
 
     def abandon(self, error: RequestError) -> None:
         """The stages are gone (shutdown): end every job still open, with ``error``."""

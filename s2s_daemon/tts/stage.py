@@ -102,7 +102,8 @@ class TtsStage:
             if self.library is not None and request.voice and request.voice.lower() not in self._presets:
                 named = request.voice
                 synth = self._with_library_voice(synth, named)
-            await self._speak_segments(job, synth, chunks)
+            with self.worker.utterance():  # its sentences share tts.max_utterance_s
+                await self._speak_segments(job, synth, chunks)
         except EngineError as exc:
             message = f"voice {named!r}: {exc}" if named is not None else str(exc)
             log.warning("synthesis_failed", code=exc.code, error=message)

@@ -1,18 +1,55 @@
-"""The engine's one worker thread, bridged to asyncio one chunk at a time."""
+"""The engine's one worker thread, bridged to asyncio one chunk at a time.
+
+The engine can hang (a deadlock in torch, a stuck device). ``EngineWorker.stream`` bounds how
+long it waits: no chunk for ``stall_timeout_s``, or more than ``max_utterance_s`` of engine time
+on one utterance, fails the request (``EngineTimeout``, an ``engine_error``) at once. A Python
+thread cannot be killed: the engine's generator is asked to stop (its ``should_stop`` turns
+True) and closed on its thread, and when that thread does not come back within another
+``stall_timeout_s`` the worker is *wedged*: it never calls the engine again, and
+``on_wedged`` tells the daemon, which exits (70) for its service manager to restart it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
+import contextvars
 import queue
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from s2s_daemon.tts.engine import DeviceMemory, EngineInfo, Samples, SynthesisRequest, TtsEngine
+import structlog
+
+from s2s_daemon.tts.engine import DeviceMemory, EngineError, EngineInfo, Samples, SynthesisRequest, TtsEngine
 
 T = TypeVar("T")
+
+log = structlog.get_logger(__name__)
+
+
+class EngineTimeout(EngineError):
+    """The engine made no audio for ``tts.stall_timeout_s``, or ran past ``tts.max_utterance_s``."""
+
+
+class EngineWedged(EngineError):
+    """The engine thread did not come back after a request failed: no synthesis is possible."""
+
+
+@dataclass(slots=True)
+class _Budget:
+    """Engine time one utterance may take (``tts.max_utterance_s``), shared by its sentences."""
+
+    limit_s: float | None
+    spent_s: float = 0.0
+    """Seconds the engine thread spent in this utterance's finished runs (written by that thread)."""
+
+
+_utterance: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("s2s_utterance_budget", default=None)
 
 
 class EngineThread(concurrent.futures.Executor):
@@ -61,6 +98,8 @@ STREAM_AHEAD = 8
 """Chunks the engine thread produces ahead of the consumer before it pauses."""
 
 _END = object()
+SUSPENDED_S = 0.5
+"""A wait whose timeout fires this much late means the whole process was held up, not the engine."""
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -84,6 +123,7 @@ class _Stream:
         submit: Callable[[Callable[[], None]], None],
         start: Callable[[], Iterator[Samples]],
         capacity: int,
+        budget: _Budget | None = None,
     ) -> None:
         self._loop = loop
         self._submit = submit
@@ -98,11 +138,22 @@ class _Stream:
         self._error: BaseException | None = None
         self.closed = False
         """Set by the consumer; the engine's ``should_stop`` sees it too."""
+        self.budget = budget or _Budget(None)
+        self._running_since: float | None = None
+        """When the engine thread entered ``produce`` (None while it is not in it)."""
 
     # -- engine thread -----------------------------------------------------------------
 
     def produce(self) -> None:
         """Advance the generator until the buffer is full, it ends, or the consumer left."""
+        started = self._running_since = time.monotonic()
+        try:
+            self._produce()
+        finally:
+            self._running_since = None
+            self.budget.spent_s += time.monotonic() - started
+
+    def _produce(self) -> None:
         try:
             if self._chunks is None:
                 if self.closed:
@@ -146,8 +197,22 @@ class _Stream:
 
     # -- event loop --------------------------------------------------------------------
 
-    async def get(self) -> Samples | None:
-        """The next chunk; None at the end; re-raises the engine's exception."""
+    def engine_time_s(self) -> float:
+        """Engine seconds this utterance took so far, the run in progress included."""
+        running = self._running_since
+        return self.budget.spent_s + (time.monotonic() - running if running is not None else 0.0)
+
+    def _over_budget(self) -> EngineTimeout | None:
+        limit = self.budget.limit_s
+        if limit is not None and self.engine_time_s() >= limit:
+            return EngineTimeout(
+                f"the engine ran past the time limit of one utterance ({limit:g} s, tts.max_utterance_s)"
+            )
+        return None
+
+    async def get(self, stall_timeout_s: float | None = None) -> Samples | None:
+        """The next chunk; None at the end; re-raises the engine's exception. ``EngineTimeout``
+        when no chunk comes for ``stall_timeout_s`` or the utterance is past its time limit."""
         while True:
             with self._lock:
                 if self._items:
@@ -155,13 +220,55 @@ class _Stream:
                     if self._paused and len(self._items) <= self._capacity // 2:
                         self._paused = False
                         self._submit(self.produce)
-                    return chunk
-                if self._finished:
+                    waiter = None
+                elif self._finished:
                     if self._error is not None:
                         raise self._error
                     return None
-                waiter = self._waiter = self._loop.create_future()
-            await waiter
+                else:
+                    waiter = self._waiter = self._loop.create_future()
+            if waiter is None:
+                if (late := self._over_budget()) is not None:
+                    raise late
+                return chunk
+            timeout = stall_timeout_s
+            if self.budget.limit_s is not None:
+                left = max(0.0, self.budget.limit_s - self.engine_time_s())
+                timeout = left if timeout is None else min(timeout, left)
+            deadline = None if timeout is None else self._loop.time() + timeout
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await waiter
+            except TimeoutError:
+                with self._lock:
+                    if self._waiter is waiter:
+                        self._waiter = None
+                    arrived = bool(self._items) or self._finished
+                if arrived:  # it came just as the time ran out
+                    continue
+                assert deadline is not None
+                if self._loop.time() - deadline > SUSPENDED_S:
+                    # The event loop itself was held up (SIGSTOP, a machine asleep, starved of
+                    # CPU): the engine thread was too, and is not the one to blame. Wait again.
+                    log.info("engine_wait_resumed", late_s=round(self._loop.time() - deadline, 2))
+                    continue
+                if (late := self._over_budget()) is not None:
+                    raise late from None
+                raise EngineTimeout(
+                    f"the engine made no audio for {stall_timeout_s:g} s (tts.stall_timeout_s)"
+                ) from None
+
+    def abort(self, error: BaseException) -> None:
+        """End the stream with ``error`` from the event loop (the engine thread is gone)."""
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            self._error = error
+            self._items.clear()
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            _wake(waiter)
 
     def close(self) -> bool:
         """Stop producing; True when the generator already ended (nothing to release)."""
@@ -172,12 +279,31 @@ class _Stream:
 
 
 class EngineWorker:
-    """Owns the engine and the single thread every engine call runs on."""
+    """Owns the engine and the single thread every engine call runs on.
 
-    def __init__(self, engine: TtsEngine) -> None:
+    ``stall_timeout_s`` and ``max_utterance_s`` bound ``stream`` (None: no bound); the thread
+    gets ``stall_timeout_s`` more to come back after a request failed, else the worker is
+    wedged and ``on_wedged(reason)`` is called once, on the event loop.
+    """
+
+    def __init__(
+        self,
+        engine: TtsEngine,
+        *,
+        stall_timeout_s: float | None = None,
+        max_utterance_s: float | None = None,
+        on_wedged: Callable[[str], None] | None = None,
+    ) -> None:
         self.engine = engine
+        self.stall_timeout_s = stall_timeout_s
+        self.max_utterance_s = max_utterance_s
+        self.on_wedged = on_wedged
+        self.wedged: str | None = None
+        """Why the engine thread is given up on; None while it is healthy."""
         self._pool = EngineThread("s2s.engine")
         self._thread_ident: int | None = None
+        self._active: set[_Stream] = set()
+        self._watches: set[asyncio.Task[None]] = set()
 
     async def _call(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -196,12 +322,25 @@ class EngineWorker:
     async def memory(self) -> DeviceMemory:
         return await self._call(self.engine.memory_blocking)
 
+    @contextlib.contextmanager
+    def utterance(self) -> Iterator[None]:
+        """One request: every ``stream`` inside (its sentences) shares one ``max_utterance_s``
+        of engine time. A ``stream`` outside has a budget of its own."""
+        token = _utterance.set(_Budget(self.max_utterance_s))
+        try:
+            yield
+        finally:
+            _utterance.reset(token)
+
     async def stream(self, request: SynthesisRequest, should_stop: Callable[[], bool]) -> AsyncGenerator[Samples, None]:
         """Yield chunks as the engine produces them; the engine stops once ``should_stop()``.
 
         The engine thread runs up to ``STREAM_AHEAD`` chunks ahead of the consumer (see
-        ``_Stream``).
+        ``_Stream``). Raises ``EngineTimeout`` when the engine stalls or runs past the
+        utterance's time limit, ``EngineWedged`` once the engine thread is given up on.
         """
+        if self.wedged is not None:
+            raise EngineWedged(self.wedged)
         loop = asyncio.get_running_loop()
 
         def stop() -> bool:
@@ -210,21 +349,81 @@ class EngineWorker:
         def submit(fn: Callable[[], None]) -> None:
             self._pool.submit(fn)
 
-        stream = _Stream(loop, submit, lambda: self.engine.synthesize_blocking(request, stop), STREAM_AHEAD)
+        budget = _utterance.get() or _Budget(self.max_utterance_s)
+        stream = _Stream(loop, submit, lambda: self.engine.synthesize_blocking(request, stop), STREAM_AHEAD, budget)
+        self._active.add(stream)
+        failed: EngineTimeout | None = None
         submit(stream.produce)
         try:
             while not should_stop():
-                chunk = await stream.get()
+                try:
+                    chunk = await stream.get(self.stall_timeout_s)
+                except EngineTimeout as exc:
+                    if self._watches:
+                        # Queued behind an earlier request's engine run that has not returned:
+                        # not this one's fault. Wait for the verdict (recovered, or wedged).
+                        await asyncio.wait(set(self._watches))
+                        if self.wedged is not None:
+                            raise EngineWedged(self.wedged) from None
+                        continue
+                    failed = exc
+                    log.warning("engine_timeout", error=str(exc))
+                    raise
                 if chunk is None:
                     return
                 yield chunk
         finally:
+            self._active.discard(stream)
             if not stream.close():
-                # Queued behind any produce() still running; shielded so a cancelled
-                # consumer still has the generator closed on its own thread.
-                await asyncio.shield(self._call(stream.release))
+                # Queued behind any produce() still running (submitted here, so a cancelled
+                # consumer still has the generator closed on its own thread), and watched:
+                # an engine thread that does not come back is wedged.
+                released = asyncio.wrap_future(self._pool.submit(stream.release))
+                watch = self._watch(released, failed)
+                if failed is None and self.wedged is None:
+                    await asyncio.shield(watch)
+
+    def _watch(self, released: asyncio.Future[None], failed: EngineTimeout | None) -> asyncio.Task[None]:
+        async def watch() -> None:
+            grace = self.stall_timeout_s
+            done, _ = await asyncio.wait({released}, timeout=grace)
+            if done:
+                if not released.cancelled() and (exc := released.exception()) is not None:
+                    log.warning("engine_close_failed", error=repr(exc))
+                elif failed is not None:
+                    log.info("engine_recovered", after=str(failed))
+                return
+            why = f"after {failed}" if failed is not None else "while a stream was being closed"
+            self._declare_wedged(f"the engine thread did not return within {grace:g} s {why}")
+
+        task = asyncio.get_running_loop().create_task(watch(), name="s2s.engine.watch")
+        self._watches.add(task)
+        task.add_done_callback(self._watches.discard)
+        return task
+
+    def _declare_wedged(self, reason: str) -> None:
+        if self.wedged is not None:
+            return
+        self.wedged = reason
+        log.critical(
+            "engine_wedged",
+            reason=reason,
+            consequence="no more synthesis in this process: the daemon exits for its service manager to restart it",
+        )
+        if self.on_wedged is not None:
+            try:
+                self.on_wedged(reason)
+            except Exception:  # the streams below must still be woken
+                log.exception("engine_wedged_handler_failed")
+        for stream in list(self._active):  # waiting on the thread that will not come back
+            stream.abort(EngineWedged(reason))
 
     async def close(self) -> None:
+        if self.wedged is not None:
+            # Its thread is stuck inside the engine: a close would queue behind it forever.
+            log.warning("engine_not_closed", reason=self.wedged)
+            self._pool.shutdown(wait=False, park=True)
+            return
         try:
             await self._call(self.engine.close_blocking)
         finally:

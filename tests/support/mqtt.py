@@ -82,6 +82,8 @@ async def recorder(
     identifier: str | None = None,
     persistent: bool = False,
     v5: bool = True,
+    username: str | None = None,
+    password: str | None = None,
 ) -> AsyncIterator[Recorder]:
     kwargs: dict[str, Any] = {}
     if persistent:
@@ -92,6 +94,8 @@ async def recorder(
         "127.0.0.1",
         port,
         identifier=identifier,
+        username=username,
+        password=password,
         protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
         **kwargs,
     )

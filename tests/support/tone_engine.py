@@ -3,12 +3,17 @@
 Never reachable from a shipped config: only processes that call ``register()`` know it.
 Options (``tts.options``): ``speed`` = multiple of real time (0 = as fast as possible),
 ``ms_per_char`` = audio per character, ``load_s`` = simulated load time.
-A text containing ``#fail`` raises inside synthesis (an engine error).
+A text containing ``#fail`` raises inside synthesis (an engine error). Hangs, after the first
+chunk: ``#stall=S`` sleeps S seconds (ignoring ``should_stop`` meanwhile, as a stuck device would),
+then goes on; ``#hang`` blocks until ``HANG_RELEASE`` is set (in a subprocess: never, a wedged
+engine thread).
 """
 
 from __future__ import annotations
 
 import functools
+import re
+import threading
 import time
 from collections.abc import Iterator
 
@@ -28,6 +33,9 @@ from s2s_daemon.tts.registry import register_engine
 SAMPLE_RATE = 24_000
 FRAME_SAMPLES = 1920
 """One 12.5 Hz codec frame."""
+HANG_RELEASE = threading.Event()
+"""Ends every ``#hang`` (in-process tests set it when they are done)."""
+_STALL = re.compile(r"#stall=([0-9.]+)")
 
 
 @functools.lru_cache(maxsize=256)
@@ -68,9 +76,18 @@ class ToneEngine:
         total_frames = max(1, round(len(request.text) * self.ms_per_char / 80.0))
         freq = 440.0 if request.voice != "Vivian" else 660.0
         chunk_frames = request.chunk_frames
+        stall = _STALL.search(request.text)
+        hang_s = float(stall.group(1)) if stall else (None if "#hang" in request.text else 0.0)
         start = time.monotonic()
         frame = 0
         while frame < total_frames:
+            if frame and hang_s != 0.0:  # after the first chunk: mid-utterance
+                if hang_s is None:
+                    HANG_RELEASE.wait()
+                else:
+                    time.sleep(hang_s)
+                hang_s = 0.0
+                start = time.monotonic() - frame * 0.08 / self.speed if self.speed > 0 else start
             if should_stop():
                 return
             n = min(chunk_frames, total_frames - frame)

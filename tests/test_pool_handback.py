@@ -1,0 +1,281 @@
+"""A pool daemon that drains hands its queued pool requests back to the pool (issue 15).
+
+Unit tests of the hand-back payload, the ledger's side and the journal's, then three real
+daemon processes on a real mosquitto sharing ``$share/<group>/s2s/pool/tts/say``, one of them
+stopped with SIGTERM mid-run: every request is answered exactly once, ``completed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from s2s_daemon.intake.mqtt import DurableEvents, MqttIntake
+from s2s_daemon.intake.pool import PoolHandBack, hand_back_message, hand_back_payload
+from s2s_daemon.intake.schemas import IntakeRules, parse_say
+from s2s_daemon.mqtt.messages import InMessage, OutMessage
+from s2s_daemon.mqtt.topics import Topics
+from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.journal import RequestJournal
+from s2s_daemon.pipeline.messages import ReplyTo, SayRequest
+from s2s_daemon.pipeline.queue import RequestQueue
+from tests.support.broker import Mosquitto
+from tests.support.daemon import DaemonProcess, write_config
+from tests.support.mqtt import recorder
+
+RULES = IntakeRules("kitchen", 2000, ("Ryan", "Vivian"), ("auto", "english", "chinese"), "Ryan", "auto")
+TOPICS = Topics("s2s", "kitchen", "speakers")
+POOL = "s2s/pool/tts/say"
+
+
+class Events:
+    def __init__(self) -> None:
+        self.finished_ids: list[tuple[str, str]] = []
+
+    def started(self, job: Job) -> None:
+        return None
+
+    def finished(self, job: Job) -> None:
+        self.finished_ids.append((job.request.id, str(job.status)))
+
+    def state_changed(self) -> None:
+        return None
+
+
+class Manual:
+    """Runs the journal's flushes when told."""
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[], None]] = []
+
+    def __call__(self, callback: Callable[[], None]) -> None:
+        self.pending.append(callback)
+
+    def run(self) -> None:
+        pending, self.pending = self.pending, []
+        for callback in pending:
+            callback()
+
+
+def log_events(text: str) -> list[dict[str, object]]:
+    """The JSON log lines of a daemon."""
+    out = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict):
+                out.append(event)
+    return out
+
+
+def pool_request(rid: str, **kw: object) -> SayRequest:
+    fields: dict[str, object] = {
+        "id": rid,
+        "text": f"text of {rid}",
+        "voice": "Vivian",
+        "language": "english",
+        "site_id": "kitchen",
+        "origin": "pool",
+    }
+    fields.update(kw)
+    return SayRequest(**fields)  # type: ignore[arg-type]
+
+
+# -- the payload ---------------------------------------------------------------------------
+
+
+def test_hand_back_payload_keeps_the_fields_and_the_remaining_ttl() -> None:
+    now = time.monotonic()
+    request = pool_request(
+        "p-1",
+        instruct="whisper it",
+        session_id="s-9",
+        priority=7,
+        interrupt=True,
+        ttl_ms=5000,
+        volume=0.5,
+        received_at=now - 1.5,
+        reply_to=ReplyTo("my/replies", b"\x00\x2a"),
+    )
+    message = hand_back_message(request, TOPICS, now=now)
+    assert message.topic == POOL and message.qos == 1 and not message.retain
+    assert message.response_topic == "my/replies" and message.correlation_data == b"\x00\x2a"
+    data = json.loads(message.payload)
+    assert data["ttlMs"] == 3500  # 5000 ms less the 1.5 s it waited here
+    # What the taker parses is the same request (its own site, a fresh receipt, the remaining ttl).
+    again = parse_say(message.payload, RULES, origin="pool", reply_to=ReplyTo("my/replies", b"\x00\x2a"))
+    assert again.error is None
+    got = again.request
+    assert (got.id, got.text, got.voice, got.language, got.instruct, got.session_id) == (
+        "p-1",
+        "text of p-1",
+        "Vivian",
+        "english",
+        "whisper it",
+        "s-9",
+    )
+    assert (got.priority, got.interrupt, got.ttl_ms, got.volume, got.reply_to) == (
+        7,
+        True,
+        3500,
+        0.5,
+        request.reply_to,
+    )
+
+
+def test_hand_back_payload_of_a_plain_request() -> None:
+    now = time.monotonic()
+    data = json.loads(hand_back_payload(pool_request("p-2", voice=None, received_at=now), now=now))
+    assert data == {
+        "id": "p-2",
+        "text": "text of p-2",
+        "language": "english",
+        "priority": 0,
+        "interrupt": False,
+        "volume": 1.0,
+    }
+    message = hand_back_message(pool_request("p-2"), TOPICS)
+    assert message.response_topic is None and message.correlation_data is None
+    # A ttl that ran out while it was held: 0, never negative (the taker answers it expired).
+    late = pool_request("p-3", ttl_ms=100, received_at=now - 1.0)
+    assert json.loads(hand_back_payload(late, now=now))["ttlMs"] == 0
+
+
+# -- the ledger and the journal ----------------------------------------------------------------
+
+
+def test_the_ledger_hands_back_queued_pool_requests_without_a_terminal_event() -> None:
+    events = Events()
+    ledger = Dispatcher(RequestQueue(16), events, 64)
+    now = time.monotonic()
+    ledger.submit(pool_request("p-low"))
+    ledger.submit(pool_request("site", origin="mqtt"))
+    ledger.submit(pool_request("p-high", priority=5))
+    ledger.submit(pool_request("p-old", ttl_ms=1000, received_at=now - 2.0))
+    handed = ledger.hand_back(lambda r: r.origin == "pool")
+    assert [j.request.id for j in handed] == ["p-high", "p-low"]  # serving order
+    assert all(j.done.is_set() and j.status is None for j in handed)
+    assert events.finished_ids == [("p-old", "expired")]  # past its ttl: answered here
+    assert list(ledger.jobs) == ["site"] and len(ledger.queue) == 1
+    ledger.close()
+    assert events.finished_ids[-1] == ("site", "cancelled")  # the site's own: cancelled as before
+
+
+def test_the_journal_entry_is_finished_only_once_the_broker_acknowledged_the_hand_back(tmp_path: Path) -> None:
+    manual = Manual()
+    journal = RequestJournal(tmp_path / "j.sqlite3", 64, "full", schedule=manual)
+    journal.open()
+    events = Events()
+    ledger = Dispatcher(RequestQueue(16), events, 64)
+    published: list[OutMessage] = []
+    durable = DurableEvents(journal, lambda: ledger, published.append)
+    durable.inner = events
+    ledger.events = durable
+    intake = MqttIntake(ledger, RULES, TOPICS, hermes=False, durable=durable)
+    pool = PoolHandBack(ledger, RULES, TOPICS, published.append, durable)
+    intake.pool = pool
+    now = time.monotonic()
+    for rid in ("q1", "q2"):
+        intake.handle(InMessage(POOL, json.dumps({"id": rid, "text": "queued"}).encode(), None, now))
+    manual.run()
+    assert pool.begin() == 2
+    # Arrives while the daemon waits for the UNSUBACK: held, not rejected, not published yet.
+    intake.handle(InMessage(POOL, json.dumps({"id": "late", "text": "arrived"}).encode(), None, now))
+    manual.run()
+    assert published == []
+    assert pool.release() == 3
+    manual.run()  # published once the admissions are committed
+    assert [json.loads(m.payload)["id"] for m in published] == ["q1", "q2", "late"]
+    assert events.finished_ids == []  # no terminal event from the daemon that hands back
+    # A redelivery of a handed-back one is handed back again, not answered as a duplicate.
+    intake.handle(InMessage(POOL, json.dumps({"id": "q1", "text": "queued"}).encode(), None, now))
+    manual.run()
+    assert [json.loads(m.payload)["id"] for m in published][-1] == "q1" and events.finished_ids == []
+    # Only q1 (first) and late were acknowledged by the broker before the "crash".
+    for message in (published[0], published[2]):
+        assert message.on_sent is not None
+        message.on_sent()
+    manual.run()
+    journal._db.close()  # type: ignore[union-attr]  # a SIGKILL: nothing more is committed
+    journal._db = None
+    again = RequestJournal(tmp_path / "j.sqlite3", 64, "full", schedule=manual)
+    recovered = again.open()
+    assert [e.request.id for e in recovered.open] == ["q2", "q1"]  # q2 and the redelivered q1: resumed
+    assert "late" in recovered.seen_ids and "q1" in recovered.seen_ids
+    again.close()
+
+
+# -- three daemons, one stopped -----------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+async def test_a_stopped_pool_member_hands_its_requests_to_the_others(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    sites = ("a", "b", "c")
+    procs = {}
+    for site in sites:
+        config = write_config(
+            tmp_path / f"{site}.yaml",
+            mosquitto.port,
+            site_id=site,
+            mqtt={"shared_group": "speakers"},
+            # 12 characters at 40 ms each: 480 ms of audio, made in 120 ms (4x real time): slower
+            # than the requests come, so that the stopped daemon has a queue to hand back.
+            tts={"options": {"speed": "4"}},
+            queue={"max_pending": 200},
+        )
+        procs[site] = DaemonProcess(config, log_path=tmp_path / f"{site}.log")
+    ids = [f"r{i:03d}" for i in range(120)]
+    try:
+        async with recorder(mosquitto.port, subscribe=("s2s/#",)) as rec:
+            for proc in procs.values():
+                proc.start()
+
+            def online() -> set[str]:
+                return {m.topic.split("/")[1] for m in rec.on("/status") if m.payload == b"online"}
+
+            await rec.wait_for(lambda: online() == set(sites), 30)
+            for n, rid in enumerate(ids):
+                await rec.say(POOL, {"id": rid, "text": "pool request", "ttlMs": 60_000})
+                if n == 60:
+                    procs["c"].signal(signal.SIGTERM)  # mid-run: c has a queue, and more arrive
+                await asyncio.sleep(0.01)
+            assert await procs["c"].wait(30) == 0
+            finished = await rec.wait_finished(ids, timeout_s=40)
+            await asyncio.sleep(0.5)  # a second answer, if any, would come now
+            finished = rec.finished()  # asserts exactly one tts/finished per id
+            statuses = {rid: p["status"] for rid, p in finished.items()}
+            assert set(statuses) == set(ids)
+            assert {s for s in statuses.values() if s != "completed"} == set(), {
+                rid: s for rid, s in statuses.items() if s != "completed"
+            }
+            answered_by = {m.json()["id"]: m.topic.split("/")[1] for m in rec.on("/tts/finished")}
+            published = [m.json()["id"] for m in rec.messages if m.topic == POOL]
+            handed = {rid for rid in ids if published.count(rid) > 1}
+            events = log_events(procs["c"].log())
+            left = [e for e in events if e.get("event") == "pool_left"]
+            total = [e for e in events if e.get("event") == "pool_handed_back"]
+            assert len(left) == 1 and left[0]["confirmed"] is True, events[-20:]
+            assert len(total) == 1 and total[0]["requests"] == total[0]["acknowledged"] == len(handed) > 0
+            # What c handed back was served by the others, and by c nothing after that.
+            assert {answered_by[rid] for rid in handed} <= {"a", "b"}
+            assert {answered_by[rid] for rid in ids} >= {"a", "b"}
+            served_by_c = [rid for rid in ids if answered_by[rid] == "c"]
+            assert not (set(served_by_c) & handed)
+    finally:
+        for proc in procs.values():
+            if proc.proc is not None and proc.proc.poll() is None:
+                proc.signal(signal.SIGTERM)
+        for proc in procs.values():
+            if proc.proc is not None:
+                try:
+                    await proc.wait(15)
+                except TimeoutError:
+                    pass
+            proc.cleanup()

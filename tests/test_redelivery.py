@@ -1,0 +1,50 @@
+"""A broker redelivery (DUP) of a request already received is acknowledged without a second
+answer; a client's own repeat of an id is answered ``rejected`` / ``duplicate``."""
+
+from __future__ import annotations
+
+import json
+
+from s2s_daemon.intake.mqtt import MqttIntake
+from s2s_daemon.intake.schemas import IntakeRules
+from s2s_daemon.mqtt.messages import InMessage
+from s2s_daemon.mqtt.topics import Topics
+from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.queue import RequestQueue
+
+TOPICS = Topics("s2s", "kitchen")
+RULES = IntakeRules("kitchen", 2000, ("Ryan",), ("auto", "english"), "Ryan", "auto")
+
+
+class Events:
+    def __init__(self) -> None:
+        self.finished_ids: list[str] = []
+
+    def started(self, job: Job) -> None:
+        return None
+
+    def finished(self, job: Job) -> None:
+        self.finished_ids.append(job.request.id)
+
+    def state_changed(self) -> None:
+        return None
+
+
+def message(rid: str, redelivered: bool) -> InMessage:
+    payload = json.dumps({"id": rid, "text": "Hello."}).encode()
+    return InMessage(TOPICS.say, payload, None, 0.0, None, redelivered=redelivered)
+
+
+def test_a_redelivery_is_not_answered_twice_but_a_repeat_is() -> None:
+    events = Events()
+    queue = RequestQueue(8)
+    ledger = Dispatcher(queue, events, 64)
+    intake = MqttIntake(ledger, RULES, TOPICS, hermes=False)
+    intake.handle(message("r1", redelivered=False))
+    assert len(queue) == 1
+    intake.handle(message("r1", redelivered=True))  # the broker's copy: nothing new
+    assert len(queue) == 1 and events.finished_ids == []
+    intake.handle(message("r1", redelivered=False))  # the client sent the id again
+    assert events.finished_ids == ["r1"] and ledger.jobs["r1"].request.id == "r1"  # the original goes on
+    intake.handle(message("new", redelivered=True))  # a first delivery may carry DUP too
+    assert len(queue) == 2
