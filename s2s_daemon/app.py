@@ -21,6 +21,7 @@ from s2s_daemon.intake.http import open_http_server, require_http_extra
 from s2s_daemon.intake.mqtt import DurableEvents, MqttIntake
 from s2s_daemon.intake.pool import PoolHandBack
 from s2s_daemon.intake.schemas import IntakeRules
+from s2s_daemon.intake.streams import StreamIntake
 from s2s_daemon.mqtt.broker import EmbeddedBroker
 from s2s_daemon.mqtt.connection import MqttProtocol
 from s2s_daemon.mqtt.link import MqttLink
@@ -232,7 +233,7 @@ class Daemon:
         wyoming = await self._open_wyoming(ledger, rules, info)
         http = await open_http_server(cfg.http, ledger, rules, info)  # listening (port taken: 69); None when off
         vad = await self._open_vad(ledger, events, gate)
-        return _Wiring(pipeline, events, link, wyoming, http, vad, durable, intake.pool)
+        return _Wiring(pipeline, events, link, wyoming, http, vad, durable, intake.pool, intake.streams)
 
     def _subscription_denied(self, refused: list[tuple[str, str]]) -> None:
         """The broker refused a subscription (its ACL): a daemon that cannot hear its requests stops,
@@ -281,6 +282,8 @@ class Daemon:
         if pool is not None:  # the queued pool requests go back to the pool, not cancelled
             held = pool.begin()
         ledger.close()  # accepts no more; queued requests are answered cancelled
+        if wiring.streams is not None:
+            wiring.streams.close()  # an open stream takes no more text: what came is spoken
         if wiring.wyoming is not None:
             wiring.wyoming.stop_accepting()
         if pool is not None:
@@ -401,6 +404,8 @@ class _Wiring:
     durable: DurableEvents | None = None
     pool: PoolHandBack | None = None
     """A pool member's hand-back (``mqtt.shared_group``); None otherwise."""
+    streams: StreamIntake | None = None
+    """The streamed says the MQTT intake has open (``tts/stream``)."""
 
 
 @dataclass(slots=True)

@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_check_config)
 
     say = sub.add_parser("say", help="synthesize one text through the engine and sink, no broker")
-    say.add_argument("text")
+    say.add_argument("text", help="the text, or - to speak standard input as it comes (sentence by sentence)")
     config_flag(say)
     say.add_argument("--engine", help="torch or mlx")
     say.add_argument("--model", help="hub id or local checkpoint folder")

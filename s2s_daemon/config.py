@@ -111,6 +111,10 @@ class TtsConfig(Section):
     chunk_frames: int = Field(4, ge=1, le=50)
     """Codec frames (80 ms each) per streamed chunk."""
     max_text_chars: int = Field(2000, ge=1, le=100_000)
+    """The longest text a request may have (a streamed one: all its pieces together)."""
+    stream_idle_s: float = Field(20.0, gt=0, le=3600)
+    """A streamed text (``tts/stream``) with no piece for this long and no end is ended: what
+    came is spoken, and it finishes ``error`` with ``stream_idle``."""
     warmup: bool = True
     stall_timeout_s: float = Field(30.0, gt=0, le=3600)
     """No chunk from the engine for this long (the first one included: prefill, cold caches) fails

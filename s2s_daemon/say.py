@@ -1,10 +1,18 @@
-"""``s2s-daemon say``: one utterance through the daemon's engine, stages and sink, no broker."""
+"""``s2s-daemon say``: one utterance through the daemon's engine, stages and sink, no broker;
+``say -`` speaks standard input as it is written (``llm ... | s2s-daemon say -``)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import codecs
+import functools
 import json
+import sys
+import threading
+from dataclasses import replace
 from pathlib import Path
+from typing import BinaryIO
 
 import structlog
 
@@ -12,9 +20,10 @@ from s2s_daemon.audio.sink import AudioDeviceError, AudioSink, WavSink
 from s2s_daemon.config import DaemonConfig
 from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError, UnavailableError
 from s2s_daemon.events.publisher import latency_payload
-from s2s_daemon.intake.schemas import parse_say
+from s2s_daemon.intake.schemas import parse_say, parse_stream_piece
 from s2s_daemon.pipeline.jobs import Job
 from s2s_daemon.pipeline.messages import Status
+from s2s_daemon.pipeline.textfeed import TextFeed
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice
 from s2s_daemon.pipeline.voices import VoiceLibrary
 from s2s_daemon.tts.engine import SynthesisRequest
@@ -38,6 +47,7 @@ class LogEvents:
             "request_finished",
             request_id=job.request.id,
             status=str(job.status),
+            code=str(job.error.code) if job.error else None,
             error=job.error.message if job.error else None,
         )
 
@@ -78,6 +88,41 @@ def default_voice(
         raise ConfigError(f"{key}: {exc}") from exc
 
 
+STDIN_IDLE_S = 24 * 3600.0
+"""``say -`` ends at the end of its input, however long its writer thinks."""
+STDIN_READ = 4096
+
+
+def read_stdin(feed: TextFeed, stream: BinaryIO | None = None) -> threading.Thread:
+    """Standard input into ``feed``, piece by piece as it comes (a pipe from an LLM's client),
+    until its end. A daemon thread: a writer that never stops does not keep the process alive
+    once the request has ended (stopped, too long)."""
+    source = stream if stream is not None else sys.stdin.buffer
+    read = getattr(source, "read1", source.read)
+    loop = asyncio.get_running_loop()
+
+    def pump() -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        seq = 0
+        while True:
+            try:
+                data: bytes = read(STDIN_READ)
+            except (OSError, ValueError):
+                data = b""
+            text = decoder.decode(data, final=not data)
+            try:
+                loop.call_soon_threadsafe(functools.partial(feed.add, seq, text, last=not data))
+            except RuntimeError:  # the loop is closed: the command has ended
+                return
+            seq += 1
+            if not data:
+                return
+
+    thread = threading.Thread(target=pump, name="s2s.say.stdin", daemon=True)
+    thread.start()
+    return thread
+
+
 async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
     # The voice is checked against the model here, after loading, where --voice is known.
     unchecked = config.model_copy(update={"tts": config.tts.model_copy(update={"voice": None})})
@@ -109,15 +154,24 @@ async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
         pipeline = build_pipeline(
             config, worker, info, sink, events, max_pending=1, default_voice=voice, template=template
         )
-        payload = {"text": args.text, "voice": voice, "language": args.language, "instruct": args.instruct}
-        parsed = parse_say(
-            json.dumps({k: v for k, v in payload.items() if v is not None}).encode(), pipeline.rules, origin="cli"
-        )
+        fields = {"voice": voice, "language": args.language, "instruct": args.instruct}
+        fields = {k: v for k, v in fields.items() if v is not None}
+        feed: TextFeed | None = None
+        if args.text == "-":  # a text still being written: spoken sentence by sentence as it comes
+            piece = parse_stream_piece(json.dumps({"id": "stdin", "seq": 0, **fields}).encode(), pipeline.rules)
+            assert piece.opening is not None
+            parsed = piece.opening
+            feed = TextFeed(pipeline.rules.max_text_chars, STDIN_IDLE_S)
+            parsed = replace(parsed, request=replace(parsed.request, feed=feed, origin="cli"))
+        else:
+            parsed = parse_say(json.dumps({"text": args.text, **fields}).encode(), pipeline.rules, origin="cli")
         if parsed.error is not None:
             log.error("request_rejected", code=str(parsed.error.code), reason=parsed.error.message)
             return EXIT_FAILURE
         pipeline.ledger.submit(parsed.request)
         pipeline.requests.close()
+        if feed is not None:
+            read_stdin(feed)
         await pipeline.run()
         job = events.finished_job
         if job is None:

@@ -24,6 +24,7 @@ from s2s_daemon.intake.schemas import IntakeRules
 from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher, JobEvents
 from s2s_daemon.pipeline.messages import Utterance
+from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice, normalize_language
 from s2s_daemon.pipeline.voices import VoiceKind, VoiceLibrary, default_voices_dir
@@ -136,8 +137,10 @@ def build_pipeline(
         default_voice=config.tts.voice if default_voice is None else default_voice,
         default_language=config.tts.language,
         library=library,
+        stream_idle_s=config.tts.stream_idle_s,
     )
     utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
+    pacer = Pacer()
     tts = TtsStage(
         worker,
         info,
@@ -148,5 +151,6 @@ def build_pipeline(
         gate=gate,
         template=template,
         library=library,
+        pacer=pacer,
     )
-    return Pipeline(requests, ledger, rules, tts, PlaybackStage(sink, utterances, ledger), library)
+    return Pipeline(requests, ledger, rules, tts, PlaybackStage(sink, utterances, ledger, pacer), library)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from s2s_daemon.audio.pacing import Pacer
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.events.publisher import latency_payload
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher, Job, Timeline
 from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, SayRequest, Utterance
+from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.vocabulary import EngineInfo
 from s2s_daemon.tts.engine import EngineOptions
@@ -31,14 +31,18 @@ class RealTimeSpeaker:
 
     def __init__(self) -> None:
         self.gaps: dict[str, list[float]] = {}
+        self.after_pause: dict[str, list[float]] = {}
+        """Waits that came right after the silence between two sentences."""
 
     async def open(self) -> None:
         return None
 
     async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport:
         gaps = self.gaps.setdefault(utterance.request.id, [])
+        after_pause = self.after_pause.setdefault(utterance.request.id, [])
         first = None
         samples = 0
+        previous = None
         while True:
             asked = time.monotonic()
             try:
@@ -49,7 +53,9 @@ class RealTimeSpeaker:
                 first = time.monotonic()
                 on_first_sample(first)
             elif (waited := time.monotonic() - asked) > GAP_S:
-                gaps.append(waited)
+                silent = previous is not None and not previous.any()
+                (after_pause if silent else gaps).append(waited)
+            previous = chunk
             samples += len(chunk)
             await asyncio.sleep(len(chunk) / utterance.sample_rate)
         return PlaybackReport(first, time.monotonic(), 1000.0 * samples / utterance.sample_rate)
@@ -72,7 +78,7 @@ class Events:
         return None
 
 
-async def speak(speed: str, texts: list[str]) -> tuple[RealTimeSpeaker, Events]:
+async def speak(speed: str, texts: list[str], shared: bool = False) -> tuple[RealTimeSpeaker, Events]:
     engine = create_engine("tone", EngineOptions(model="tone", extra={"speed": speed, "ms_per_char": "40"}))
     worker = EngineWorker(engine)
     info = await worker.load()
@@ -81,8 +87,9 @@ async def speak(speed: str, texts: list[str]) -> tuple[RealTimeSpeaker, Events]:
     ledger = Dispatcher(requests, events, 64)
     utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
     speaker = RealTimeSpeaker()
-    tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=2)
-    playback = PlaybackStage(speaker, utterances, ledger)
+    pacer = Pacer()
+    tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=2, pacer=pacer if shared else None)
+    playback = PlaybackStage(speaker, utterances, ledger, pacer)
     tasks = [asyncio.create_task(tts.run()), asyncio.create_task(playback.run())]
     try:
         for i, text in enumerate(texts):
@@ -103,6 +110,17 @@ async def test_a_slow_engine_is_played_without_gaps() -> None:
         payload = latency_payload(events.done[rid], INFO)
         assert events.done[rid].timeline.prebuffer_s > 0  # and the latency event says what was waited for
         assert payload["prebufferMs"] == round(events.done[rid].timeline.prebuffer_s * 1000.0, 1)
+
+
+async def test_a_long_text_waits_for_its_first_sentence_and_pauses_longer_between_sentences() -> None:
+    sentence = "A sentence of about two seconds of audio, more or less."  # 55 chars x 40 ms
+    speaker, events = await speak("0.6", [sentence, " ".join([sentence] * 3)], shared=True)
+    one, three = events.done["u0"].timeline, events.done["u1"].timeline
+    assert speaker.gaps["u1"] == []  # never inside a sentence
+    assert len(speaker.after_pause["u1"]) >= 1  # the pause between sentences grew instead
+    # The first sample waited for the first sentence, not for the three of them.
+    assert three.prebuffer_s > 0 and three.prebuffer_s < 1.5 * max(one.prebuffer_s, 0.3)
+    assert three.first_segment_chars == len(sentence)
 
 
 async def test_without_pacing_the_same_engine_stutters() -> None:

@@ -8,7 +8,6 @@ import time
 
 import structlog
 
-from s2s_daemon.audio.pacing import REAL_TIME, Pacer
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import (
@@ -22,6 +21,7 @@ from s2s_daemon.pipeline.jobs import (
     Released,
 )
 from s2s_daemon.pipeline.messages import AudioOutput, ErrorCode, PlaybackReport, Status, Utterance
+from s2s_daemon.pipeline.pacing import REAL_TIME, Pacer
 
 log = structlog.get_logger(__name__)
 
@@ -30,12 +30,15 @@ POLL_S = 0.02
 
 
 class PlaybackStage:
-    def __init__(self, sink: AudioSink, utterances: Channel[Utterance], dispatcher: Dispatcher) -> None:
+    def __init__(
+        self, sink: AudioSink, utterances: Channel[Utterance], dispatcher: Dispatcher, pacer: Pacer | None = None
+    ) -> None:
         self.sink = sink
         self.utterances = utterances
         self.dispatcher = dispatcher
-        self.pacer = Pacer()
-        """What the speaker learns of the engine's speed (gapless playback on slow hardware)."""
+        self.pacer = pacer or Pacer()
+        """What the speaker learns of the engine's speed (gapless playback on slow hardware); the
+        TTS stage reads it to hold back each later sentence of an utterance."""
 
     async def run(self) -> None:
         # The speaker plays one utterance after another (one more waits in ``speaker``); a
@@ -106,31 +109,39 @@ class PlaybackStage:
         else:
             ledger.record(job, PlaybackEnded(now, task.result()))
         if speaker and job.status is Status.COMPLETED:  # what the engine does when it runs to the end
-            self.pacer.learn(job.timeline, len(job.request.text))
+            self.pacer.learn(job.timeline, job.request.chars)
 
     async def _prebuffer(self, job: Job, utterance: Utterance) -> float:
         """Hold the first sample until enough audio is buffered for the rest to arrive in time
-        (``audio/pacing.py``); seconds of audio buffered when it waited, else 0."""
+        (``pipeline/pacing.py``); seconds of audio buffered when it waited, else 0."""
         tl, chunks = job.timeline, utterance.chunks
         rate = self.pacer.rate
         if rate is not None and rate >= REAL_TIME:
             return 0.0
-        if rate is None and tl.chunks and tl.first_chunk is not None and tl.synth_started is not None:
-            # Nothing learned yet: a first chunk made faster than it plays, prefill included,
-            # means a fast engine (start now); otherwise measure on the second chunk.
-            first_rate = (tl.audio_s / tl.chunks) / max(tl.first_chunk - tl.synth_started, 1e-3)
-            if first_rate >= REAL_TIME:
-                return 0.0
-        chars = len(job.request.text)
         need: float | None = None
         waited = False
+        feed = job.request.feed
         while not chunks.closed and not job.should_stop() and len(chunks) < chunks.maxsize - 1:
+            if feed is not None and feed.waiting and tl.chunks:
+                break  # the engine waits for the writer: nothing more comes until it writes
+            if rate is None and need is None and tl.chunks and tl.first_chunk is not None:
+                # Nothing learned yet: a first chunk made faster than it plays, prefill included
+                # (from when its text was complete: a streamed text waits for its writer first),
+                # means a fast engine (start now); otherwise measure on the second chunk.
+                began = max(t for t in (tl.synth_started, tl.first_text, tl.dequeued) if t is not None)
+                first_rate = (tl.audio_s / tl.chunks) / max(tl.first_chunk - began, 1e-3)
+                if first_rate >= REAL_TIME:
+                    return 0.0
             if rate is None and tl.chunks >= 2 and tl.first_chunk is not None:
                 # This utterance's own rate since its first chunk (which carries the prefill).
                 since = max(time.monotonic() - tl.first_chunk, 1e-3)
                 rate = (tl.audio_s - tl.audio_s / tl.chunks) / since
             if rate is not None and need is None:
-                need = self.pacer.needed_s(rate, chars)
+                # The first sentence only: the TTS stage holds back each later one until it will
+                # play without a gap (a longer pause between sentences, never a stutter inside one).
+                if self.pacer.rate is None:
+                    self.pacer.rate = rate  # measured on this utterance: until one is learned
+                need = self.pacer.needed_s(rate, tl.first_segment_chars or job.request.chars)
                 if need > 0:
                     log.info("prebuffering", rate=round(rate, 2), need_s=round(need, 2))
             if need is not None and tl.audio_s >= need:

@@ -80,6 +80,9 @@ def latency_payload(job: Job, info: EngineInfo) -> dict[str, object]:
         "chunks": tl.chunks,
         "underruns": tl.underruns,
         "prebufferMs": round(tl.prebuffer_s * 1000.0, 1),
+        "streamed": req.feed is not None,
+        "firstTextMs": _ms(tl.first_text, tl.received),
+        "firstChunkAfterTextMs": _ms(tl.first_chunk, tl.first_text),
     }
 
 

@@ -1,4 +1,4 @@
-"""Routes incoming MQTT messages: say, stop, pool, Hermes. Never raises on bad input.
+"""Routes incoming MQTT messages: say, stream, stop, pool, Hermes. Never raises on bad input.
 
 With the journal, every message is acknowledged (PUBACK) only once the loop turn's journal
 writes are committed: an accepted request is on disk before the broker forgets it, and its
@@ -18,6 +18,7 @@ import structlog
 
 from s2s_daemon.intake.pool import POOL_ORIGIN, PoolHandBack
 from s2s_daemon.intake.schemas import IntakeRules, StopPayload, decode_json_object, parse_say
+from s2s_daemon.intake.streams import StreamIntake
 from s2s_daemon.mqtt.messages import InMessage, OutMessage
 from s2s_daemon.mqtt.topics import HERMES_SAY, Topics
 from s2s_daemon.pipeline.jobs import Dispatcher, Job, JobEvents, Phase
@@ -50,6 +51,8 @@ class MqttIntake:
         self.pool: PoolHandBack | None = None
         """A pool daemon's hand-back (``mqtt.shared_group``): while it is active, pool requests go
         back to the pool instead of being served (the drain)."""
+        self.streams = StreamIntake(dispatcher, rules, self._journal_stream)
+        """Streamed says (``tts/stream``)."""
 
     def handle(self, message: InMessage) -> None:
         try:
@@ -64,6 +67,8 @@ class MqttIntake:
             self.say(message, "mqtt")
         elif topic == self.topics.pool_say:
             self.say(message, "pool")
+        elif topic == self.topics.stream:
+            self.streams.piece(message)
         elif topic == self.topics.stop:
             self.stop(message.payload)
         elif self.hermes and topic == HERMES_SAY:
@@ -99,6 +104,10 @@ class MqttIntake:
                 self.durable.admit(job, wall)
         return parsed.request
 
+    def _journal_stream(self, job: Job, message: InMessage) -> None:
+        if self.durable is not None:
+            self.durable.admit(job, time.time() - (time.monotonic() - message.received_at))
+
     def hermes_say(self, message: InMessage) -> None:
         data, _ = decode_json_object(message.payload)
         site = data.get("siteId", HERMES_DEFAULT_SITE) if data is not None else None
@@ -127,6 +136,7 @@ class MqttIntake:
             log.info("stop_current", found=found)
 
 
+STREAM_CUT = RequestError(ErrorCode.RESTARTED, "the daemon restarted while this text was being streamed")
 JOURNAL_LOST = RequestError(ErrorCode.JOURNAL_ERROR, "the request could not be stored (journal write failed)")
 
 
@@ -200,7 +210,10 @@ class DurableEvents:
         for entry in recovered.open:
             request = entry.request
             ttl_s = request.ttl_ms / 1000.0 if request.ttl_ms is not None else None
-            if entry.age_s > max_age_s or (ttl_s is not None and entry.age_s > ttl_s):
+            if entry.streamed:  # its writer's later pieces reach a daemon that no longer has the start
+                job = dispatcher.unserved(request, Status.CANCELLED, STREAM_CUT)
+                expired += 1
+            elif entry.age_s > max_age_s or (ttl_s is not None and entry.age_s > ttl_s):
                 job = dispatcher.expire(request)
                 expired += 1
             else:

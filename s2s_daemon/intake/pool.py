@@ -107,7 +107,7 @@ class PoolHandBack:
         """Take the queued, not yet started pool requests out of the queue (no terminal event); how many."""
         self.active = True
         self._held = []
-        for job in self.dispatcher.hand_back(lambda r: r.origin == POOL_ORIGIN):
+        for job in self.dispatcher.hand_back(lambda r: r.origin == POOL_ORIGIN and r.feed is None):
             seq = self.durable.release(job) if self.durable is not None else None
             self._held.append((job.request, seq))
         return len(self._held)

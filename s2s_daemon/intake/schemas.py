@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from s2s_daemon.pipeline.messages import ErrorCode, ReplyTo, RequestError, SayRequest
+from s2s_daemon.pipeline.textfeed import TextFeed
 from s2s_daemon.pipeline.vocabulary import EngineError, UnknownVoiceError, match_voice, normalize_language
 from s2s_daemon.pipeline.voices import VoiceLibrary
 
@@ -70,6 +71,8 @@ class IntakeRules:
     default_language: str
     library: VoiceLibrary | None = None
     """Named cloned / designed voices (``tts.voices_dir``); preset speakers win a clash of names."""
+    stream_idle_s: float = 20.0
+    """A streamed text with no piece for this long (and no end) ends (``tts.stream_idle_s``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,34 +203,36 @@ def parse_say(
     try:
         say = _read_payload(payload)
         rid = say.id or new_request_id()
-        session = say.sessionId
-        spoken = _spoken_text(say, rules, rid, session)
-        try:
-            language = normalize_language(say.language or say.lang or rules.default_language, rules.languages)
-            voice = resolve_voice(say.voice, rules)
-        except EngineError as exc:
-            raise _Refused(ErrorCode.parse(exc.code, ErrorCode.BAD_PAYLOAD), str(exc), rid, session) from exc
+        request = _request(say, rules, rid, _spoken_text(say, rules, rid, say.sessionId), origin, reply_to, received)
     except _Refused as refused:
-        request = SayRequest(
-            id=refused.rid or new_request_id(),
-            text="",
-            voice=None,
-            language="auto",
-            site_id=rules.site_id,
-            session_id=refused.session,
-            received_at=received,
-            origin=origin,
-            reply_to=reply_to,
-        )
-        return Parsed(request, RequestError(refused.code, refused.message))
-    request = SayRequest(
+        return _rejection(refused, rules, origin, reply_to, received)
+    return Parsed(request, None)
+
+
+def _request(
+    say: SayPayload,
+    rules: IntakeRules,
+    rid: str,
+    spoken: str,
+    origin: str,
+    reply_to: ReplyTo | None,
+    received: float,
+    feed: TextFeed | None = None,
+) -> SayRequest:
+    """The request ``say`` asks for, its voice and language checked; ``_Refused`` when one is bad."""
+    try:
+        language = normalize_language(say.language or say.lang or rules.default_language, rules.languages)
+        voice = resolve_voice(say.voice, rules)
+    except EngineError as exc:
+        raise _Refused(ErrorCode.parse(exc.code, ErrorCode.BAD_PAYLOAD), str(exc), rid, say.sessionId) from exc
+    return SayRequest(
         id=rid,
         text=spoken,
         voice=voice,
         language=language,
         site_id=rules.site_id,
         instruct=say.instruct.strip() if say.instruct and say.instruct.strip() else None,
-        session_id=session,
+        session_id=say.sessionId,
         priority=say.priority,
         interrupt=say.interrupt,
         ttl_ms=say.ttlMs,
@@ -235,5 +240,86 @@ def parse_say(
         received_at=received,
         origin=origin,
         reply_to=reply_to,
+        feed=feed,
     )
-    return Parsed(request, None)
+
+
+def _rejection(refused: _Refused, rules: IntakeRules, origin: str, reply_to: ReplyTo | None, received: float) -> Parsed:
+    request = SayRequest(
+        id=refused.rid or new_request_id(),
+        text="",
+        voice=None,
+        language="auto",
+        site_id=rules.site_id,
+        session_id=refused.session,
+        received_at=received,
+        origin=origin,
+        reply_to=reply_to,
+    )
+    return Parsed(request, RequestError(refused.code, refused.message))
+
+
+# -- streamed text -------------------------------------------------------------------------
+
+MAX_STREAM_SEQ = 1_000_000
+
+
+class StreamPayload(SayPayload):
+    """``<p>/<site>/tts/stream``: one piece of a text still being written.
+
+    ``{"id": "r1", "seq": 0, "text": "Hel", "voice": "Ryan"}``, ``{"id": "r1", "seq": 1, "text":
+    "lo."}``, ..., ``{"id": "r1", "seq": 7, "end": true}``. Piece 0 opens the stream and carries
+    the say fields (voice, language, priority, interrupt, ttlMs, ...); they are ignored on the
+    others. ``end`` marks the last piece (its text is optional).
+    """
+
+    id: RequestId
+    text: StrictStr = ""
+    seq: StrictInt = Field(ge=0, le=MAX_STREAM_SEQ)
+    end: StrictBool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPiece:
+    """One streamed piece as read: its place, its text, and (piece 0) the request it opens."""
+
+    id: str | None
+    """None when not even the id could be read."""
+    seq: int | None
+    text: str
+    last: bool
+    error: RequestError | None
+    """Why the piece is bad (then its stream, if it has one, ends with it)."""
+    opening: Parsed | None = None
+    """Piece 0: the request, or the rejection, that it makes (its feed not attached yet)."""
+    received_at: float = 0.0
+
+
+def parse_stream_piece(
+    payload: bytes,
+    rules: IntakeRules,
+    *,
+    origin: str = "mqtt",
+    reply_to: ReplyTo | None = None,
+    received_at: float | None = None,
+) -> StreamPiece:
+    """Read a ``tts/stream`` payload. Never raises."""
+    received = time.monotonic() if received_at is None else received_at
+    data, why = decode_json_object(payload.removeprefix(b"\xef\xbb\xbf"))
+    if data is None:
+        return StreamPiece(None, None, "", False, RequestError(ErrorCode.BAD_PAYLOAD, why or "bad payload"))
+    rid, session = _peek_fields(data)
+    try:
+        piece = StreamPayload.model_validate(data)
+    except ValidationError as exc:
+        return StreamPiece(rid, None, "", False, RequestError(ErrorCode.BAD_PAYLOAD, _describe(exc)))
+    if "\x00" in piece.text:
+        return StreamPiece(piece.id, piece.seq, "", False, RequestError(ErrorCode.BAD_PAYLOAD, "text contains NUL"))
+    opening = None
+    if piece.seq == 0:
+        try:
+            opening = Parsed(_request(piece, rules, piece.id, "", origin, reply_to, received), None)
+        except _Refused as refused:
+            refused.rid, refused.session = piece.id, session
+            opening = _rejection(refused, rules, origin, reply_to, received)
+    return StreamPiece(piece.id, piece.seq, piece.text, piece.end, None, opening, received)

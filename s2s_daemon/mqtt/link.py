@@ -231,7 +231,7 @@ class MqttLink:
         )
 
     def _subscriptions(self) -> list[str]:
-        subs = [self.topics.say, self.topics.stop]
+        subs = [self.topics.say, self.topics.stream, self.topics.stop]
         if self.topics.pool_subscription is not None and not self._leaving_pool:
             subs.append(self.topics.pool_subscription)
         if self.config.hermes:

@@ -20,6 +20,11 @@ class Topics:
         return f"{self.base}/tts/say"
 
     @property
+    def stream(self) -> str:
+        """A text still being written, piece by piece (``intake/schemas.py StreamPayload``)."""
+        return f"{self.base}/tts/stream"
+
+    @property
     def stop(self) -> str:
         return f"{self.base}/tts/stop"
 

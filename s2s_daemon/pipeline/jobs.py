@@ -9,8 +9,8 @@ and the playback stage awaits beside its sink; the stage that holds the job then
 it ended, and that report is what ends the job.
 
 A request's life: ``submit`` (accepted) or ``reject``; ``take`` (dequeued, or expired);
-``SynthesisStarted``, ``ChunkMade`` (the first is the first chunk), ``SynthesisEnded``; ``OnSpeaker``;
-``FirstSample``;
+``SynthesisStarted``, ``SegmentReady`` (a segment's text is complete), ``ChunkMade`` (the first is
+the first chunk), ``SynthesisEnded``; ``OnSpeaker``; ``FirstSample``;
 ``PlaybackEnded`` (the terminal event of every request that reached a stage: played to the end,
 stopped, or failed, with what the sink reported) or ``Released`` (a stage let it go unplayed).
 """
@@ -40,6 +40,10 @@ class Timeline:
     received: float
     dequeued: float | None = None
     synth_started: float | None = None
+    first_text: float | None = None
+    """When the text of the first segment was complete (a streamed text waits for its writer)."""
+    first_segment_chars: int = 0
+    """Characters of the first segment (the speaker paces its start by it)."""
     first_chunk: float | None = None
     synth_done: float | None = None
     first_sample_out: float | None = None
@@ -72,6 +76,15 @@ class SynthesisStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class SegmentReady:
+    """A segment's text (``chars`` long) is complete and goes to the engine (the first one marks
+    ``first_text``)."""
+
+    at: float
+    chars: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ChunkMade:
     """The engine yielded ``seconds`` of audio (the first one is the first chunk)."""
 
@@ -87,6 +100,16 @@ class SynthesisEnded:
 @dataclass(frozen=True, slots=True)
 class Failed:
     """The engine or the audio output failed this request (it ends with status ``error``)."""
+
+    at: float
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class TextCut:
+    """The request's streamed text ended early (``code``): what came plays, and the request then
+    ends ``error`` with it, unless it was stopped."""
 
     at: float
     code: ErrorCode
@@ -133,9 +156,11 @@ class Released:
 
 StageEvent = (
     SynthesisStarted
+    | SegmentReady
     | ChunkMade
     | SynthesisEnded
     | Failed
+    | TextCut
     | OnSpeaker
     | Prebuffered
     | FirstSample
@@ -153,6 +178,9 @@ class Job:
     phase: Phase = Phase.QUEUED
     status: Status | None = None
     error: RequestError | None = None
+    shortfall: RequestError | None = None
+    """Why the request was spoken short of what was asked (its streamed text ended early): its
+    error if it otherwise plays to the end."""
     cancelled: bool = False
     """The stop token as a plain flag: polled by the engine thread between frames."""
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
@@ -210,8 +238,8 @@ class Dispatcher:
         return self.unserved(request, Status.EXPIRED)
 
     def unserved(self, request: SayRequest, status: Status, error: RequestError | None = None) -> Job:
-        """Answer a request that cannot be served (one resumed after a restart that is too old;
-        a pool request that could not be handed back)."""
+        """Answer a request that cannot be served (one resumed after a restart that is too old,
+        or a stream whose text the restart cut; a pool request that could not be handed back)."""
         self._remember(request.id)
         job = Job(request, Timeline(received=request.received_at))
         self._terminate(job, status, error)
@@ -386,6 +414,10 @@ class Dispatcher:
         match event:
             case SynthesisStarted(at):
                 tl.synth_started = at
+            case SegmentReady(at, chars):
+                if tl.first_text is None:
+                    tl.first_text = at
+                    tl.first_segment_chars = chars
             case ChunkMade(at, seconds):
                 if tl.first_chunk is None:
                     tl.first_chunk = at
@@ -397,6 +429,8 @@ class Dispatcher:
                 job.error = job.error or RequestError(code, message)
                 job.status = job.status or Status.ERROR
                 job.cancelled = True  # the engine stops; what was already made still plays
+            case TextCut(_, code, message):
+                job.shortfall = job.shortfall or RequestError(code, message)
             case OnSpeaker(_):
                 self.current = job
             case Prebuffered(_, seconds):
@@ -425,6 +459,8 @@ class Dispatcher:
         else:  # stopped or failed while playing: it played in real time since the first sample
             tl.last_sample_played = at
             tl.played_ms = round(min(tl.audio_s, max(0.0, at - tl.first_sample_out)) * 1000.0, 1)
+        if job.status is None and job.shortfall is not None:
+            job.status, job.error = Status.ERROR, job.shortfall
         self._terminate(job, job.status or Status.COMPLETED)
 
     def _terminate(self, job: Job, status: Status, error: RequestError | None = None) -> None:

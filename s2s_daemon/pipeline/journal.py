@@ -93,6 +93,8 @@ class OpenEntry:
     """``received_at`` is rebuilt from the wall-clock receipt: its age counts across the restart."""
     age_s: float
     """Seconds since it was received (wall clock)."""
+    streamed: bool = False
+    """Its text was being streamed (``tts/stream``): what came after the restart cannot join it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +136,7 @@ def _encode(request: SayRequest) -> str:
             "origin": request.origin,
             "replyTopic": reply.topic if reply is not None else None,
             "correlation": reply.correlation_data.hex() if reply and reply.correlation_data is not None else None,
+            "stream": request.feed is not None,
         },
         separators=(",", ":"),
         ensure_ascii=False,
@@ -251,7 +254,8 @@ class RequestJournal:
         rows = db.execute("SELECT seq, request, received_wall FROM requests WHERE done = 0 ORDER BY seq")
         for seq, text, wall in rows:
             age_s = max(0.0, now_wall - wall)
-            entries.append(OpenEntry(seq, _decode(text, now_mono - age_s), age_s))
+            streamed = bool(json.loads(text).get("stream", False))
+            entries.append(OpenEntry(seq, _decode(text, now_mono - age_s), age_s, streamed))
         unsent = [
             Unsent(row, topic, bytes(payload), qos, bytes(corr) if corr is not None else None)
             for row, topic, payload, qos, corr in db.execute(

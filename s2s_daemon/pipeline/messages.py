@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from s2s_daemon.pipeline.channel import Channel
+from s2s_daemon.pipeline.textfeed import TextFeed
 from s2s_daemon.pipeline.vocabulary import Samples
 
 
@@ -38,6 +39,10 @@ class ErrorCode(enum.StrEnum):
     AUDIO_ERROR = "audio_error"
     JOURNAL_ERROR = "journal_error"
     """The request could not be stored durably (disk full, I/O error)."""
+    STREAM_IDLE = "stream_idle"
+    """A streamed text's writer went quiet without closing it (what came was spoken)."""
+    RESTARTED = "restarted"
+    """The daemon restarted while the request's text was still being streamed."""
 
     @classmethod
     def parse(cls, code: str, default: ErrorCode | None = None) -> ErrorCode:
@@ -85,6 +90,14 @@ class SayRequest:
     output: AudioOutput | None = None
     """Where the audio goes: None is the daemon's own sink (the speaker); otherwise the caller's
     stream (or file) that the intake made. The TTS stage never looks at it."""
+    feed: TextFeed | None = None
+    """The text still being written (a streamed say, ``say -``): ``text`` is then empty and the
+    TTS stage reads sentences from the feed as they come."""
+
+    @property
+    def chars(self) -> int:
+        """Characters to speak: the text's, or what a streamed text has brought so far."""
+        return self.feed.chars if self.feed is not None else len(self.text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,12 @@ at its last space (or clause mark) before the limit.
 
 The end of the text is never a sentence end until the caller says the text is complete: the
 next piece may be ``5 percent`` after ``Done.``, or ``Smith`` after ``Dr.``.
+
+A request's first segment starts its first sound, and its prefill grows with its length: with
+``first``, a long first sentence (over ``FIRST_SENTENCE_CHARS``), or a first sentence still
+being written, is cut after its first clause of at least ``FIRST_CLAUSE_CHARS`` (``CLAUSE_MARKS``
+before white space; a CJK mark before anything). Lengths count a CJK character as three: it is
+about a syllable, as long to say as three Latin letters.
 """
 
 from __future__ import annotations
@@ -22,6 +28,11 @@ CLOSERS = "\"')]\u201d\u2019\u00bb\u300d\u300f\uff09\u3011"
 """Closing quotes and brackets that stay with the sentence they end (ASCII, curly, French, CJK)."""
 CLAUSE_MARKS = ",;:\u3001\uff0c\uff1b\uff1a"
 """Where an over-long sentence is cut, before falling back to a space (Latin and CJK)."""
+
+FIRST_SENTENCE_CHARS = 60
+"""A complete first sentence longer than this is spoken from its first clause (``first``)."""
+FIRST_CLAUSE_CHARS = 20
+"""The shortest first clause spoken alone."""
 
 ABBREVIATIONS = frozenset(
     """
@@ -40,6 +51,7 @@ _END = re.compile(
     rf"(?:\.{{2,}}|\u2026|[.!?]+){_CLOSING}(?=\s)"  # Latin: a terminator before white space
     rf"|[\u3002\uff01\uff1f]+{_CLOSING}(?=\S)"  # CJK: nothing follows but the next sentence
 )
+_CLAUSE = re.compile(r"[,;:](?=\s)|[\u3001\uff0c\uff1b\uff1a](?=\S)")
 _WORD_BEFORE = re.compile(r"([\w.\-]+)\.$")
 _MONTHS_DE: tuple[str, ...] = ("januar", "februar", "märz", "april", "mai", "juni", "juli", "august")
 _MONTHS_DE += ("september", "oktober", "november", "dezember")
@@ -70,12 +82,37 @@ def _is_end(text: str, match: re.Match[str]) -> bool:
     return True
 
 
-def split_sentences(text: str, max_chars: int, *, complete: bool = False) -> tuple[list[str], str]:
+def _first_clause(text: str) -> int | None:
+    """Where the first clause of ``text`` long enough to be spoken alone ends (after its mark)."""
+    for match in _CLAUSE.finditer(text):
+        head = text[: match.start()].strip()
+        if _spoken_length(head) >= FIRST_CLAUSE_CHARS and any(c.isalnum() for c in head):
+            return match.end()
+    return None
+
+
+def _spoken_length(text: str) -> int:
+    """Characters, a CJK one counted as three."""
+    return len(text) + 2 * sum(1 for c in text if c >= "\u3000")
+
+
+def split_sentences(text: str, max_chars: int, *, complete: bool = False, first: bool = False) -> tuple[list[str], str]:
     """The complete sentences at the start of ``text``, and the rest (kept for more text).
 
     With ``complete`` the rest is a sentence too (the stream has ended): nothing is left over.
+    With ``first`` (nothing of the request has been spoken yet) a long or unfinished first
+    sentence gives its first clause alone.
     """
-    sentences: list[str] = []
+    if first:
+        sentences, rest = split_sentences(text, max_chars, complete=complete)
+        head = sentences[0] if sentences else rest if not complete else ""
+        if (_spoken_length(head) > FIRST_SENTENCE_CHARS or not sentences) and (cut := _first_clause(head)) is not None:
+            clause = head[:cut].strip()
+            if sentences:
+                return [clause, head[cut:].strip(), *sentences[1:]], rest
+            return [clause], rest[cut:]
+        return sentences, rest
+    sentences = []
     start = 0
     for match in _END.finditer(text):
         if not _is_end(text, match):

@@ -6,16 +6,28 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable, Iterable
 
 import numpy as np
 import structlog
 
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
-from s2s_daemon.pipeline.jobs import ChunkMade, Dispatcher, Failed, Job, Released, SynthesisEnded, SynthesisStarted
+from s2s_daemon.pipeline.jobs import (
+    ChunkMade,
+    Dispatcher,
+    Failed,
+    Job,
+    Released,
+    SegmentReady,
+    SynthesisEnded,
+    SynthesisStarted,
+    TextCut,
+)
 from s2s_daemon.pipeline.messages import ErrorCode, Utterance
+from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.segment import split_sentences
+from s2s_daemon.pipeline.textfeed import FeedEnd, TextFeed
 from s2s_daemon.pipeline.vocabulary import normalize_language
 from s2s_daemon.pipeline.voices import LibraryVoice, VoiceKind, VoiceLibrary
 from s2s_daemon.tts.engine import EngineError, EngineInfo, SynthesisRequest, UnknownVoiceError
@@ -45,6 +57,7 @@ class TtsStage:
         gate: Callable[[], asyncio.Future[None] | None] | None = None,
         template: SynthesisRequest | None = None,
         library: VoiceLibrary | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         self.worker = worker
         self.info = info
@@ -59,6 +72,9 @@ class TtsStage:
         self.library = library
         """Named voices: a request's library voice becomes the reference audio / instruction."""
         self._presets = {v.lower() for v in info.voices}
+        self.pacer = pacer
+        """The engine's speed as the speaker learned it (shared with the playback stage): on a
+        slow engine each later sentence is held back until it will play without a gap."""
 
     async def run(self) -> None:
         try:
@@ -120,20 +136,87 @@ class TtsStage:
 
     async def _speak_segments(self, job: Job, synth: SynthesisRequest, chunks: Channel[np.ndarray]) -> None:
         """The text sentence by sentence, each its own engine call (its prompt and KV cache hold
-        one sentence, not the request), with a short pause between, into the one utterance."""
-        segments = split_sentences(synth.text, SEGMENT_MAX_CHARS, complete=True)[0] or [synth.text]
+        one sentence, not the request), with a short pause between, into the one utterance. A
+        streamed text's sentences are spoken as its writer completes them."""
         pause = np.zeros(round(SENTENCE_PAUSE_S * self.info.sample_rate), np.float32)
-        for index, text in enumerate(segments):
-            if index and not await self._put(job, chunks, pause):
-                return
-            async with contextlib.aclosing(
-                self.worker.stream(dataclasses.replace(synth, text=text), job.should_stop)
-            ) as pieces:
-                async for chunk in pieces:
-                    if job.should_stop() or not await self._put(job, chunks, chunk):
-                        return
-            if len(segments) > 1:
-                log.debug("segment_synthesized", segment=index + 1, of=len(segments), chars=len(text))
+        spoken = 0
+        async with contextlib.aclosing(self._segments(job, synth.text)) as segments:
+            async for text in segments:
+                self.dispatcher.record(job, SegmentReady(time.monotonic(), len(text)))
+                if spoken and not await self._put(job, chunks, pause):
+                    return
+                # The first sentence's start is the speaker's to pace (audio/playback.py); a later
+                # one, on an engine slower than real time, waits here until the rest of it will
+                # come in time: the gap falls between sentences, never inside a word.
+                hold_s = self._hold_s(len(text)) if spoken else 0.0
+                held: list[np.ndarray] = []
+                held_s = 0.0
+                async with contextlib.aclosing(
+                    self.worker.stream(dataclasses.replace(synth, text=text), job.should_stop)
+                ) as pieces:
+                    async for chunk in pieces:
+                        if job.should_stop():
+                            return
+                        if held_s < hold_s:
+                            self.dispatcher.record(job, ChunkMade(time.monotonic(), len(chunk) / self.info.sample_rate))
+                            held.append(chunk)
+                            held_s += len(chunk) / self.info.sample_rate
+                            if held_s < hold_s:
+                                continue
+                            log.debug("sentence_held", segment=spoken + 1, held_s=round(held_s, 2))
+                            if not await self._flush(chunks, held):
+                                return
+                            continue
+                        if not await self._put(job, chunks, chunk):
+                            return
+                if held and not await self._flush(chunks, held):
+                    return
+                spoken += 1
+                log.debug("segment_synthesized", segment=spoken, chars=len(text))
+        feed = job.request.feed
+        if feed is not None and not job.should_stop():
+            self._feed_ended(job, feed, spoken)
+
+    def _segments(self, job: Job, text: str) -> AsyncGenerator[str, None]:
+        feed = job.request.feed
+        if feed is not None:
+            return feed.sentences(SEGMENT_MAX_CHARS, job.stopped)
+        return _aiter(split_sentences(text, SEGMENT_MAX_CHARS, complete=True, first=True)[0] or [text])
+
+    def _feed_ended(self, job: Job, feed: TextFeed, spoken: int) -> None:
+        """A streamed text was read to its end: an early end (its writer went quiet, it grew too
+        long, a bad piece) is the request's error once what came has played."""
+        why = {
+            FeedEnd.IDLE: ErrorCode.STREAM_IDLE,
+            FeedEnd.TOO_LONG: ErrorCode.TEXT_TOO_LONG,
+            FeedEnd.BAD_PIECE: ErrorCode.BAD_PAYLOAD,
+            FeedEnd.SHUTDOWN: ErrorCode.SHUTTING_DOWN,
+        }.get(feed.end or FeedEnd.CLOSED)
+        if why is not None:
+            log.warning("stream_ended_early", reason=str(feed.end), detail=feed.end_detail, chars=feed.chars)
+            message = f"{feed.end_detail}; the {feed.chars} characters before were spoken"
+            self.dispatcher.record(job, TextCut(time.monotonic(), why, message))
+        elif spoken == 0:
+            empty = "the stream closed without text"
+            self.dispatcher.record(job, Failed(time.monotonic(), ErrorCode.EMPTY_TEXT, empty))
+
+    def _hold_s(self, chars: int) -> float:
+        """Seconds of a sentence of ``chars`` to buffer before it plays (0: an engine faster than
+        real time, or one not measured yet)."""
+        if self.pacer is None or self.pacer.rate is None:
+            return 0.0
+        return self.pacer.needed_s(self.pacer.rate, chars)
+
+    @staticmethod
+    async def _flush(chunks: Channel[np.ndarray], held: list[np.ndarray]) -> bool:
+        """Hand on what was held back (already counted as made); False once playback has ended."""
+        try:
+            for chunk in held:
+                await chunks.put(chunk)
+        except ChannelClosed:
+            return False
+        held.clear()
+        return True
 
     async def _put(self, job: Job, chunks: Channel[np.ndarray], chunk: np.ndarray) -> bool:
         """Hand ``chunk`` to playback; False once playback has ended early (stop, device error)."""
@@ -167,3 +250,8 @@ class TtsStage:
         # A designed voice: its description, then the request's own instruction.
         instruct = " ".join(part for part in (voice.instruct, synth.instruct) if part)
         return dataclasses.replace(synth, voice=None, language=language, instruct=instruct or None)
+
+
+async def _aiter(items: Iterable[str]) -> AsyncGenerator[str, None]:
+    for item in items:
+        yield item
