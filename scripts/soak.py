@@ -40,13 +40,10 @@ Verdict (exit 0 when every check passes, 1 otherwise; the limits are options):
   file up to its 2 MiB cap); a leak of 20 KiB per utterance crosses 20 MiB per 1,000. The
   least-squares slope over the samples after warm-up is reported beside it (not checked);
 - file descriptors after warm-up: max - min at most ``--fd-slack`` (0);
-- threads after warm-up: max - min at most ``--thread-slack`` (1). Not 0, because the daemon's event
-  loop starts the workers of its default executor (``asyncio.to_thread``: the journal's commits)
-  lazily, and CPython's ThreadPoolExecutor starts one more whenever a job is submitted in the instant
-  between the last worker handing back its result and counting itself idle: on a 2-core machine a
-  second worker appears at a random moment, sometimes long after warm-up (seen at 200-250 of 300
-  utterances). The commits are serial, so the pool then stops growing; a leak grows with the
-  utterances and crosses 1;
+- threads after warm-up: max - min at most ``--thread-slack`` (0). The journal commits on a thread
+  of its own: the loop's default executor, which it used before, starts one more worker whenever a
+  job is submitted in the instant between the last worker handing back its result and counting
+  itself idle, at a random moment (seen at 200-250 of 300 utterances);
 - journal: its size (file + WAL) at every sample at most ``--max-journal-kib`` (8192: the WAL is
   checkpointed at 1,000 pages of 4 KiB and then reused, not grown), and after the stop at most
   ``dedup_window + PRUNE_EVERY`` rows of requests, none unanswered, no event left unsent;
@@ -529,7 +526,7 @@ def main() -> int:
     parser.add_argument("--rss-mib-per-1000", type=float, default=20.0)
     parser.add_argument("--rss-floor-mib", type=float, default=16.0)
     parser.add_argument("--fd-slack", type=int, default=0)
-    parser.add_argument("--thread-slack", type=int, default=1)
+    parser.add_argument("--thread-slack", type=int, default=0)
     parser.add_argument("--max-journal-kib", type=float, default=8192.0)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()

@@ -24,6 +24,7 @@ whose PUBACK left survives a power cut; NORMAL survives a process crash (SIGKILL
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import sqlite3
@@ -194,6 +195,8 @@ class RequestJournal:
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         """Held by the thread that uses the connection (the writer's worker, or ``flush``)."""
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="s2s.journal")
+        """The one thread commits run on (the loop's shared pool would add a thread now and then)."""
         self._batch = _Batch()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -382,7 +385,8 @@ class RequestJournal:
                 self._idle.set()
                 continue
             self._idle.clear()
-            commit = asyncio.ensure_future(asyncio.to_thread(self._commit_blocking, batch.statements))
+            loop = asyncio.get_running_loop()
+            commit = asyncio.ensure_future(loop.run_in_executor(self._writer, self._commit_blocking, batch.statements))
             try:
                 error = await asyncio.shield(commit)
             except asyncio.CancelledError:
@@ -401,6 +405,7 @@ class RequestJournal:
 
     def close(self) -> None:
         """Commit what is pending and close the file (the writer has stopped)."""
+        self._writer.shutdown(wait=True)
         if self._db is None:
             return
         self.flush()
