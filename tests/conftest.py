@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,30 @@ _VOICES = tempfile.TemporaryDirectory(prefix="s2s-voice-cache-")
 os.environ.setdefault("S2S_VOICE_CACHE", _VOICES.name)
 
 register()
+
+
+# MLX keeps a compile cache per thread. Tests drive the mlx engine from pytest's own thread (the
+# daemon never does: its engine runs on a thread that is never ended), and that thread's cache is
+# destroyed after the interpreter has finalized; destroying entries that hold Python functions then
+# segfaults (exit 139 after every test passed: PyGILState_Ensure from CompileCache's destructor in
+# __call_tls_dtors, seen with the mlx tests of one run). So the test process ends with the status
+# pytest chose, once atexit's handlers registered after this one (MLX's among them) have run.
+_EXIT_STATUS: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@atexit.register
+def _exit_before_native_teardown() -> None:
+    if not _EXIT_STATUS or "mlx.core" not in sys.modules:
+        return
+    _PREPARED.cleanup()
+    _VOICES.cleanup()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_EXIT_STATUS[-1])
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 
 from s2s_daemon.pipeline.voices import VoiceLibrary
 from s2s_daemon.tts.engine import EngineError, EngineOptions, SynthesisRequest
+from s2s_daemon.tts.worker import EngineThread
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tiny"
 BASE = FIXTURES / "base"
@@ -40,6 +42,17 @@ def _voice(root: Path, name: str, ref_text: str | None = REF_TEXT, instruct: str
     if ref_text is not None:
         (folder / "ref.txt").write_text(ref_text, encoding="utf-8")
     return folder
+
+
+_MLX_THREAD = EngineThread("test.mlx")
+"""This module's MLX work runs here, as the daemon runs its engine: on a thread of its own that is
+never ended. MLX keeps a compile cache per thread; the main thread's is destroyed after the
+interpreter is gone, and destroying entries that hold Python functions then crashed the test
+process (exit 139, after every test passed)."""
+
+
+def on_mlx_thread(fn: Callable[[], None]) -> None:
+    _MLX_THREAD.submit(fn).result(timeout=230)
 
 
 def _engine(model: Path, cache: Path | str, quantization: str = "8bit") -> Any:
@@ -154,6 +167,10 @@ def test_the_cache_keeps_prompts_in_memory_and_on_disk(tmp_path: Path, caplog: p
 @pytest.mark.mlx
 @pytest.mark.timeout(240)
 def test_cached_prompts_give_mlx_audios_own_greedy_output(tmp_path: Path, encoder_calls: list[str]) -> None:
+    on_mlx_thread(lambda: _cached_prompts(tmp_path, encoder_calls))
+
+
+def _cached_prompts(tmp_path: Path, encoder_calls: list[str]) -> None:
     folder = _voice(tmp_path / "voices", "alice")
     cache = tmp_path / "cache"
     icl = SynthesisRequest(
@@ -200,6 +217,10 @@ def test_cached_prompts_give_mlx_audios_own_greedy_output(tmp_path: Path, encode
 def test_a_corrupt_recording_is_an_engine_error_and_the_next_voice_speaks(
     tmp_path: Path, encoder_calls: list[str]
 ) -> None:
+    on_mlx_thread(lambda: _corrupt_recording(tmp_path, encoder_calls))
+
+
+def _corrupt_recording(tmp_path: Path, encoder_calls: list[str]) -> None:
     good = _voice(tmp_path, "alice")
     broken = _voice(tmp_path, "broken")
     (broken / "ref.wav").write_bytes(b"RIFF not really a wav file")
@@ -220,6 +241,10 @@ def test_a_corrupt_recording_is_an_engine_error_and_the_next_voice_speaks(
 @pytest.mark.mlx
 @pytest.mark.timeout(240)
 def test_a_designed_voice_speaks_its_instruction_on_mlx(tmp_path: Path) -> None:
+    on_mlx_thread(lambda: _designed_voice(tmp_path))
+
+
+def _designed_voice(tmp_path: Path) -> None:
     from s2s_daemon.pipeline.channel import Channel, Overflow
     from s2s_daemon.pipeline.jobs import Dispatcher
     from s2s_daemon.pipeline.queue import RequestQueue
