@@ -170,6 +170,9 @@ class AudioConfig(Section):
     wav_dir: Path | None = None
     latency_ms: float = Field(80.0, ge=5, le=2000)
     """Audio buffered before playback starts."""
+    gapless: bool = True
+    """On an engine slower than real time, hold each sentence until it will play without a gap
+    (a later start, longer pauses between sentences); false: play as it comes (it stutters)."""
 
     @model_validator(mode="after")
     def _wav_needs_dir(self) -> AudioConfig:

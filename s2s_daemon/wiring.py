@@ -140,7 +140,7 @@ def build_pipeline(
         stream_idle_s=config.tts.stream_idle_s,
     )
     utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
-    pacer = Pacer()
+    pacer = Pacer(enabled=config.audio.gapless)
     tts = TtsStage(
         worker,
         info,

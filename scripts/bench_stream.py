@@ -154,6 +154,7 @@ async def _round(args: argparse.Namespace) -> dict[str, Any]:
         "S2S_JOURNAL__ENABLED": "false",
         "S2S_TTS__VOICE": "Ryan",
         "S2S_TTS__OPTIONS__MAX_FRAMES": str(args.max_frames),
+        "S2S_AUDIO__GAPLESS": "false" if args.no_gapless else "true",
     }
     config = load_config(None, environ=environ)
     worker, info = await load_engine(config)
@@ -297,6 +298,7 @@ def main() -> int:
         help="frames per sentence at most (random weights rarely stop by themselves; 60 = 4.8 s)",
     )
     parser.add_argument("--skip-long", action="store_true", help="only the streamed reply")
+    parser.add_argument("--no-gapless", action="store_true", help="audio.gapless: false (play as it comes)")
     parser.add_argument("--json", action="store_true", help="one JSON line per round instead of the table")
     parser.add_argument("--round", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -309,13 +311,13 @@ def main() -> int:
     print(f"# bench_stream {time.strftime('%Y-%m-%d %H:%M')} on {machine()}, load {os.getloadavg()[0]:.2f}")
     print(
         f"# model {args.model}, torch {args.quantization}, 2 threads, {args.tokens_per_s:g} tokens/s,"
-        f" at most {args.max_frames} frames a sentence"
+        f" at most {args.max_frames} frames a sentence, audio.gapless {not args.no_gapless}"
     )
     rounds = []
     for r in range(args.rounds):
         command = [sys.executable, __file__, str(args.model), "--quantization", args.quantization, "--round", str(r)]
         command += ["--tokens-per-s", str(args.tokens_per_s), "--long-chars", str(args.long_chars)]
-        command += ["--max-frames", str(args.max_frames)]
+        command += ["--max-frames", str(args.max_frames)] + (["--no-gapless"] if args.no_gapless else [])
         if args.skip_long or r > 0:
             command.append("--skip-long")  # the long text once: it takes minutes
         out = subprocess.run(command, capture_output=True, text=True, check=False)

@@ -152,3 +152,4 @@ def test_the_buffer_asked_for_follows_the_formula() -> None:
     expected = 50 * pacer.seconds_per_char
     assert abs(pacer.needed_s(0.5, 50) - expected * 0.5 * 1.15) < 1e-9
     assert pacer.needed_s(2.0, 50) == 0.0
+    assert Pacer(enabled=False).needed_s(0.5, 50) == 0.0  # audio.gapless: false

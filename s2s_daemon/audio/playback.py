@@ -116,7 +116,7 @@ class PlaybackStage:
         (``pipeline/pacing.py``); seconds of audio buffered when it waited, else 0."""
         tl, chunks = job.timeline, utterance.chunks
         rate = self.pacer.rate
-        if rate is not None and rate >= REAL_TIME:
+        if not self.pacer.enabled or (rate is not None and rate >= REAL_TIME):
             return 0.0
         need: float | None = None
         waited = False
@@ -136,9 +136,10 @@ class PlaybackStage:
                 # This utterance's own rate since its first chunk (which carries the prefill).
                 since = max(time.monotonic() - tl.first_chunk, 1e-3)
                 rate = (tl.audio_s - tl.audio_s / tl.chunks) / since
-            if rate is not None and need is None:
-                # The first sentence only: the TTS stage holds back each later one until it will
-                # play without a gap (a longer pause between sentences, never a stutter inside one).
+            if rate is not None and need is None and tl.first_text is not None:
+                # The first sentence only (known once its text went to the engine): the TTS stage
+                # holds back each later one until it will play without a gap (a longer pause
+                # between sentences, never a stutter inside one).
                 if self.pacer.rate is None:
                     self.pacer.rate = rate  # measured on this utterance: until one is learned
                 need = self.pacer.needed_s(rate, tl.first_segment_chars or job.request.chars)

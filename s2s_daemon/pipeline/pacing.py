@@ -31,6 +31,8 @@ class Pacer:
     rate: float | None = None
     """Audio seconds the engine makes per second of synthesis (prefill included)."""
     seconds_per_char: float = SECONDS_PER_CHAR
+    enabled: bool = True
+    """``audio.gapless``: off, nothing is ever waited for (a slow engine stutters)."""
 
     def learn(self, timeline: Timeline, chars: int) -> None:
         """From an utterance synthesized to its end."""
@@ -46,7 +48,7 @@ class Pacer:
 
     def needed_s(self, rate: float, chars: int) -> float:
         """Seconds to buffer before the first sample so that the utterance never runs dry."""
-        if rate >= REAL_TIME:
+        if not self.enabled or rate >= REAL_TIME:
             return 0.0
         expected = chars * self.seconds_per_char
         return expected * (1.0 - max(rate, 0.0)) * SAFETY
