@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import io
 import json
 import logging
@@ -66,6 +65,7 @@ from s2s_daemon.pipeline.vocabulary import (
     normalize_language,
 )
 from s2s_daemon.pipeline.voices import default_cache_dir
+from s2s_daemon.tts.clone_keys import PromptKeys
 from s2s_daemon.tts.engine import CheckpointError, EngineOptions, ShouldStop, SynthesisRequest
 from s2s_daemon.tts.hub import hub_failure
 
@@ -170,14 +170,6 @@ MlxLoadAudio = Callable[[str], Any]
 """Recording path -> the recording as mlx-audio loads it."""
 
 
-def _file_digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class MlxClonePromptCache:
     """Memory and disk cache of clone prompts for one loaded model (engine thread only)."""
 
@@ -187,25 +179,14 @@ class MlxClonePromptCache:
         self.folder = folder
         """Where prompts are stored; None keeps them in memory only."""
         self._memory: OrderedDict[str, MlxClonePrompt] = OrderedDict()
-        self._digests: dict[str, tuple[tuple[int, int, int], str]] = {}
+        self._keys = PromptKeys(CLONE_FORMAT, model_key)
         self.computed = 0
         """Prompts computed by the encoders (tests, logs)."""
         self.loaded = 0
         """Prompts read from disk."""
 
-    def _digest(self, path: str) -> str:
-        st = os.stat(path)
-        stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
-        known = self._digests.get(path)
-        if known is not None and known[0] == stamp:
-            return known[1]
-        digest = _file_digest(path)
-        self._digests[path] = (stamp, digest)
-        return digest
-
     def key(self, path: str, with_codes: bool) -> str:
-        parts = (CLONE_FORMAT, self.model_key, self._digest(path), "icl" if with_codes else "xvec")
-        return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:40]
+        return self._keys.key(path, with_codes)
 
     def get(self, path: str, with_codes: bool, compute: MlxCompute, load_audio: MlxLoadAudio) -> MlxClonePrompt:
         """The prompt for the recording at ``path``: from memory, else disk, else ``compute``."""

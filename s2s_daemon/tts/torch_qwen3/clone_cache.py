@@ -11,7 +11,6 @@ cached voice costs a ``stat`` and a dictionary look-up.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from collections import OrderedDict
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import structlog
 import torch
+
+from s2s_daemon.tts.clone_keys import PromptKeys
 
 log = structlog.get_logger(__name__)
 
@@ -42,14 +43,6 @@ Compute = Callable[[str, bool], ClonePrompt]
 """(recording path, with codes) -> the prompt: runs the encoders."""
 
 
-def file_digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class ClonePromptCache:
     """Memory and disk cache of clone prompts for one loaded model."""
 
@@ -60,25 +53,14 @@ class ClonePromptCache:
         """Where prompts are stored; None keeps them in memory only."""
         self.device = device
         self._memory: OrderedDict[str, ClonePrompt] = OrderedDict()
-        self._digests: dict[str, tuple[tuple[int, int, int], str]] = {}
+        self._keys = PromptKeys(FORMAT, model_key)
         self.computed = 0
         """Prompts computed by the encoders (tests, logs)."""
         self.loaded = 0
         """Prompts read from disk."""
 
-    def _digest(self, path: str) -> str:
-        st = os.stat(path)
-        stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
-        known = self._digests.get(path)
-        if known is not None and known[0] == stamp:
-            return known[1]
-        digest = file_digest(path)
-        self._digests[path] = (stamp, digest)
-        return digest
-
     def key(self, path: str, with_codes: bool) -> str:
-        parts = (FORMAT, self.model_key, self._digest(path), "icl" if with_codes else "xvec")
-        return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:40]
+        return self._keys.key(path, with_codes)
 
     def get(self, path: str, with_codes: bool, compute: Compute) -> ClonePrompt:
         """The prompt for the recording at ``path``: from memory, else disk, else ``compute``."""
