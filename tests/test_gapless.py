@@ -9,7 +9,7 @@ import time
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.events.publisher import latency_payload
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher, Job, Timeline
+from s2s_daemon.pipeline.jobs import Dispatcher, Timeline
 from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, SayRequest, Utterance
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
@@ -18,6 +18,7 @@ from s2s_daemon.tts.engine import EngineOptions
 from s2s_daemon.tts.registry import create_engine
 from s2s_daemon.tts.stage import TtsStage
 from s2s_daemon.tts.worker import EngineWorker
+from tests.support.events import Events
 
 INFO = EngineInfo("tone", "tone", "cpu", 24000)
 GAP_S = 0.03
@@ -61,20 +62,6 @@ class RealTimeSpeaker:
         return PlaybackReport(first, time.monotonic(), 1000.0 * samples / utterance.sample_rate)
 
     async def close(self) -> None:
-        return None
-
-
-class Events:
-    def __init__(self) -> None:
-        self.done: dict[str, Job] = {}
-
-    def started(self, job: Job) -> None:
-        return None
-
-    def finished(self, job: Job) -> None:
-        self.done[job.request.id] = job
-
-    def state_changed(self) -> None:
         return None
 
 

@@ -14,7 +14,7 @@ from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.speaker import SpeakerSink
 from s2s_daemon.config import AudioConfig
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.jobs import Dispatcher
 from s2s_daemon.pipeline.messages import SayRequest, Status, Utterance
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
@@ -22,6 +22,7 @@ from s2s_daemon.tts.engine import EngineOptions
 from s2s_daemon.tts.registry import create_engine
 from s2s_daemon.tts.stage import SENTENCE_PAUSE_S, TtsStage
 from s2s_daemon.tts.worker import EngineWorker
+from tests.support.events import Events
 from tests.support.pulse import (
     SPEAKER_RATE_HZ,
     PulseServer,
@@ -33,20 +34,6 @@ SILENT_RMS = 0.01
 """The tone engine's sine has an RMS of 0.21; a 5 ms window below this is silence."""
 JITTER_S = 0.06
 """What a pause may grow by on the device: callback periods (20 ms) and PulseAudio's buffering."""
-
-
-class Events:
-    def __init__(self) -> None:
-        self.done: dict[str, Job] = {}
-
-    def started(self, job: Job) -> None:
-        return None
-
-    def finished(self, job: Job) -> None:
-        self.done[job.request.id] = job
-
-    def state_changed(self) -> None:
-        return None
 
 
 def silences(recording: npt.NDArray[np.float32]) -> list[float]:

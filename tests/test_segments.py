@@ -16,20 +16,7 @@ from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
 from s2s_daemon.tts.registry import create_engine
 from s2s_daemon.tts.stage import SENTENCE_PAUSE_S, TtsStage
 from s2s_daemon.tts.worker import EngineWorker
-
-
-class Events:
-    def __init__(self) -> None:
-        self.done: dict[str, Job] = {}
-
-    def started(self, job: Job) -> None:
-        return None
-
-    def finished(self, job: Job) -> None:
-        self.done[job.request.id] = job
-
-    def state_changed(self) -> None:
-        return None
+from tests.support.events import Events
 
 
 async def speak(text: str) -> tuple[list[str], Job]:

@@ -21,6 +21,7 @@ from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
 from s2s_daemon.tts.registry import create_engine
 from s2s_daemon.tts.stage import TtsStage
 from s2s_daemon.tts.worker import EngineWorker
+from tests.support.events import Events
 
 
 async def read_all(feed: TextFeed, stopped: asyncio.Event | None = None) -> list[str]:
@@ -100,20 +101,6 @@ def test_too_long_and_late_pieces() -> None:
 
 
 # -- the TTS stage with a streamed text ------------------------------------------------------
-
-
-class Events:
-    def __init__(self) -> None:
-        self.done: dict[str, Job] = {}
-
-    def started(self, job: Job) -> None:
-        return None
-
-    def finished(self, job: Job) -> None:
-        self.done[job.request.id] = job
-
-    def state_changed(self) -> None:
-        return None
 
 
 class Rig:
