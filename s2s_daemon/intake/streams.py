@@ -71,7 +71,7 @@ class StreamIntake:
             log.debug("stream_piece_ignored", request_id=rid, seq=piece.seq, why="the stream was answered")
             return
         if piece.error is not None:
-            self._drop_early(rid)
+            self._pop_early(rid)
             log.debug("stream_rejected", request_id=rid, code=str(piece.error.code), reason=piece.error.message)
             self._reject(rid or new_request_id(), piece.error.code, piece.error.message, message)
             return
@@ -84,9 +84,7 @@ class StreamIntake:
             return
         opening = piece.opening
         assert opening is not None
-        early = self._early.pop(rid, None)
-        if early is not None and early.timer is not None:
-            early.timer.cancel()
+        early = self._pop_early(rid)
         if opening.error is not None:
             self._answer(rid)
             self.dispatcher.reject(opening.request, opening.error.code, opening.error.message)
@@ -127,20 +125,20 @@ class StreamIntake:
         early.timer = loop.call_later(self.rules.stream_idle_s, self._never_opened, rid)
 
     def _never_opened(self, rid: str) -> None:
-        early = self._early.pop(rid, None)
+        early = self._pop_early(rid)
         if early is None:
             return
-        if early.timer is not None:
-            early.timer.cancel()
         message = f"piece 0 of stream {rid!r} never came ({len(early.feed.pending())} characters of later pieces)"
         log.warning("stream_never_opened", request_id=rid)
         self._answer(rid)
         self.dispatcher.reject(self._placeholder(rid), ErrorCode.BAD_PAYLOAD, message)
 
-    def _drop_early(self, rid: str | None) -> None:
+    def _pop_early(self, rid: str | None) -> _Early | None:
+        """Forget the pieces held for ``rid`` (and their timer); what was held, if any."""
         early = self._early.pop(rid, None) if rid is not None else None
         if early is not None and early.timer is not None:
             early.timer.cancel()
+        return early
 
     def _reject(self, rid: str, code: ErrorCode, why: str, message: InMessage) -> None:
         self._answer(rid)

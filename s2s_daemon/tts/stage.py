@@ -158,9 +158,8 @@ class TtsStage:
                         if job.should_stop():
                             return
                         if held_s < hold_s:
-                            self.dispatcher.record(job, ChunkMade(time.monotonic(), len(chunk) / self.info.sample_rate))
+                            held_s += self._made(job, chunk)
                             held.append(chunk)
-                            held_s += len(chunk) / self.info.sample_rate
                             if held_s < hold_s:
                                 continue
                             log.debug("sentence_held", segment=spoken + 1, held_s=round(held_s, 2))
@@ -207,6 +206,12 @@ class TtsStage:
             return 0.0
         return self.pacer.needed_s(self.pacer.rate, chars)
 
+    def _made(self, job: Job, chunk: np.ndarray) -> float:
+        """Tell the ledger the engine made ``chunk``; its seconds."""
+        seconds = len(chunk) / self.info.sample_rate
+        self.dispatcher.record(job, ChunkMade(time.monotonic(), seconds))
+        return seconds
+
     @staticmethod
     async def _flush(chunks: Channel[np.ndarray], held: list[np.ndarray]) -> bool:
         """Hand on what was held back (already counted as made); False once playback has ended."""
@@ -220,7 +225,7 @@ class TtsStage:
 
     async def _put(self, job: Job, chunks: Channel[np.ndarray], chunk: np.ndarray) -> bool:
         """Hand ``chunk`` to playback; False once playback has ended early (stop, device error)."""
-        self.dispatcher.record(job, ChunkMade(time.monotonic(), len(chunk) / self.info.sample_rate))
+        self._made(job, chunk)
         try:
             await chunks.put(chunk)
         except ChannelClosed:
