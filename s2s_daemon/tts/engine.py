@@ -21,6 +21,8 @@ from s2s_daemon.pipeline.vocabulary import (
 )
 
 __all__ = [
+    "BatchEngine",
+    "BatchSynthesis",
     "CheckpointError",
     "DeviceMemory",
     "EngineError",
@@ -122,4 +124,39 @@ class TtsEngine(Protocol):
 
     def close_blocking(self) -> None:
         """Release weights and device memory."""
+        ...
+
+
+class BatchSynthesis(Protocol):
+    """One request of a ``BatchEngine``, advanced by its ``step_blocking``."""
+
+    done: bool
+    """No more chunks will come (the end, or a stop)."""
+
+    def take(self) -> list[Samples]:
+        """The chunks completed since the last call."""
+        ...
+
+    def stop(self) -> None:
+        """Make nothing more (the consumer left)."""
+        ...
+
+
+@runtime_checkable
+class BatchEngine(Protocol):
+    """An engine that decodes several requests together, a frame of each per step (optional).
+
+    The worker uses it when ``max_batch`` > 1 (read after ``load_blocking``); else, and for
+    warm-up, ``synthesize_blocking``.
+    """
+
+    @property
+    def max_batch(self) -> int: ...
+
+    def open_blocking(self, request: SynthesisRequest, should_stop: ShouldStop) -> BatchSynthesis:
+        """Validate and prefill ``request`` (raising what ``synthesize_blocking`` would)."""
+        ...
+
+    def step_blocking(self, batch: list[BatchSynthesis]) -> None:
+        """One frame of each unfinished synthesis in ``batch``, together."""
         ...

@@ -25,7 +25,16 @@ from typing import Any, TypeVar
 
 import structlog
 
-from s2s_daemon.tts.engine import DeviceMemory, EngineError, EngineInfo, Samples, SynthesisRequest, TtsEngine
+from s2s_daemon.tts.engine import (
+    BatchEngine,
+    BatchSynthesis,
+    DeviceMemory,
+    EngineError,
+    EngineInfo,
+    Samples,
+    SynthesisRequest,
+    TtsEngine,
+)
 
 T = TypeVar("T")
 
@@ -278,6 +287,141 @@ class _Stream:
             return self._finished
 
 
+class _BatchStream(_Stream):
+    """A stream whose engine decodes it together with others (``_Batch``), not by a generator."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batch: _Batch,
+        request: SynthesisRequest,
+        should_stop: Callable[[], bool],
+        capacity: int,
+        budget: _Budget | None = None,
+    ) -> None:
+        super().__init__(loop, batch.submit, lambda: iter(()), capacity, budget)
+        self.batch = batch
+        self.request = request
+        self.should_stop = should_stop
+        self.synthesis: BatchSynthesis | None = None
+        self.joined = False
+
+    def produce(self) -> None:
+        """(Engine thread) join the batch, or resume after a pause: the batch steps it."""
+        if not self.joined:
+            self.joined = True
+            self.batch.join(self)
+        self.batch.wake()
+
+    def release(self) -> None:
+        self.batch.leave(self)
+        if self.synthesis is not None:
+            self.synthesis.stop()
+
+    def runnable(self) -> bool:
+        with self._lock:
+            return not (self.closed or self._paused or self._finished)
+
+    def deliver(self) -> None:
+        """(Engine thread) hand on what the last step made; end the stream when its synthesis did."""
+        assert self.synthesis is not None
+        for chunk in self.synthesis.take():
+            self._put(chunk)
+        if self.synthesis.done:
+            self.batch.leave(self)  # before the consumer hears of the end
+            self._finish(None)
+            return
+        with self._lock:
+            if len(self._items) >= self._capacity:
+                self._paused = True
+
+
+class _Batch:
+    """The streams of a batching engine (``max_batch`` > 1), decoded together a frame at a time.
+
+    Every step runs on the engine thread and is resubmitted after each frame, so other engine
+    calls (memory figures, closing a stream) wait at most one step. Up to ``size`` streams are
+    open at once (their KV caches live); a later one is opened (prefilled) when one ends. A stream
+    whose consumer is ``STREAM_AHEAD`` chunks behind is left out of the steps until it catches up.
+    """
+
+    def __init__(self, engine: BatchEngine, submit: Callable[[Callable[[], None]], None], size: int) -> None:
+        self.engine = engine
+        self.submit = submit
+        self.size = size
+        self._streams: list[_BatchStream] = []
+        """Joined, in order of arrival (engine thread only)."""
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def join(self, stream: _BatchStream) -> None:
+        self._streams.append(stream)
+
+    def leave(self, stream: _BatchStream) -> None:
+        if stream in self._streams:
+            self._streams.remove(stream)
+
+    def wake(self) -> None:
+        """Have a step run soon (any thread); one is queued at a time."""
+        with self._lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self.submit(self.step)
+
+    def step(self) -> None:
+        """(Engine thread) open what has a place, then one frame of every runnable open stream."""
+        with self._lock:
+            self._scheduled = False
+        ready: list[_BatchStream] = []
+        opened = 0
+        for stream in list(self._streams):
+            if stream.closed:
+                continue
+            if stream.synthesis is None:
+                if opened >= self.size:
+                    continue
+                if not self._open(stream):
+                    continue
+            opened += 1
+            if stream.runnable():
+                ready.append(stream)
+        if not ready:
+            return
+        started = time.monotonic()
+        for stream in ready:
+            stream._running_since = started
+        try:
+            self.engine.step_blocking([stream.synthesis for stream in ready if stream.synthesis is not None])
+        except BaseException as exc:  # every stream of the step failed with it
+            for stream in ready:
+                self.leave(stream)
+                stream._finish(exc)
+            return
+        finally:
+            spent = time.monotonic() - started
+            for stream in ready:
+                stream._running_since = None
+                stream.budget.spent_s += spent
+        for stream in ready:
+            stream.deliver()
+        if any(stream.runnable() for stream in self._streams):
+            self.wake()
+
+    def _open(self, stream: _BatchStream) -> bool:
+        started = stream._running_since = time.monotonic()
+        try:
+            stream.synthesis = self.engine.open_blocking(stream.request, stream.should_stop)
+        except BaseException as exc:  # re-raised on the event loop by the consumer
+            self.leave(stream)
+            stream._finish(exc)
+            return False
+        finally:
+            stream._running_since = None
+            stream.budget.spent_s += time.monotonic() - started
+        return True
+
+
 class EngineWorker:
     """Owns the engine and the single thread every engine call runs on.
 
@@ -303,6 +447,8 @@ class EngineWorker:
         self._pool = EngineThread("s2s.engine")
         self._thread_ident: int | None = None
         self._active: set[_Stream] = set()
+        self._batched: _Batch | bool | None = None
+        """The engine's batch once known (False: it does not batch)."""
         self._watches: set[asyncio.Task[None]] = set()
 
     async def _call(self, fn: Callable[[], T]) -> T:
@@ -350,7 +496,12 @@ class EngineWorker:
             self._pool.submit(fn)
 
         budget = _utterance.get() or _Budget(self.max_utterance_s)
-        stream = _Stream(loop, submit, lambda: self.engine.synthesize_blocking(request, stop), STREAM_AHEAD, budget)
+        batch = self._batch()
+        stream: _Stream
+        if batch is not None:
+            stream = _BatchStream(loop, batch, request, stop, STREAM_AHEAD, budget)
+        else:
+            stream = _Stream(loop, submit, lambda: self.engine.synthesize_blocking(request, stop), STREAM_AHEAD, budget)
         self._active.add(stream)
         failed: EngineTimeout | None = None
         submit(stream.produce)
@@ -382,6 +533,20 @@ class EngineWorker:
                 watch = self._watch(released, failed)
                 if failed is None and self.wedged is None:
                     await asyncio.shield(watch)
+
+    def _batch(self) -> _Batch | None:
+        """The batch of an engine that decodes several requests together; None for one that does not."""
+        if self._batched is None:
+            size = int(getattr(self.engine, "max_batch", 1))
+            if size > 1 and isinstance(self.engine, BatchEngine):
+
+                def submit(fn: Callable[[], None]) -> None:
+                    self._pool.submit(fn)
+
+                self._batched = _Batch(self.engine, submit, size)
+            else:
+                self._batched = False
+        return self._batched if isinstance(self._batched, _Batch) else None
 
     def _watch(self, released: asyncio.Future[None], failed: EngineTimeout | None) -> asyncio.Task[None]:
         async def watch() -> None:

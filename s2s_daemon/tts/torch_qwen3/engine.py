@@ -56,12 +56,14 @@ from s2s_daemon.tts.torch_qwen3.config import (
 )
 from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout, no_weight_init, small_batch_linears
 from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings, PromptTokens, build_embeddings, codec_prefix, tokenize
-from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, TalkerRuntime
+from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, Sequence, TalkerRuntime
 from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights
 
 log = structlog.get_logger(__name__)
 
 FRAMES_BASE = 30
+MAX_BATCH = 4
+"""Requests decoded together on the native kernels: their decoding kernels take up to 4 rows."""
 FRAMES_PER_TOKEN = 8
 SAMPLE_RATE = 24000
 
@@ -498,10 +500,58 @@ class TorchQwen3Engine:
             return torch.zeros(0, self.runtime.groups, dtype=torch.long)
         return torch.stack(rows).cpu()
 
-    @torch.inference_mode()
     def _synthesize(
         self, request: SynthesisRequest, should_stop: ShouldStop, max_frames: int | None
     ) -> Iterator[Samples]:
+        synthesis = self._open(request, should_stop, max_frames, batched=False)
+        while not synthesis.done:
+            self.step_blocking([synthesis])
+            yield from synthesis.take()
+
+    # -- several requests together (tts/worker.py's batch) ------------------------------------
+    @property
+    def max_batch(self) -> int:
+        """Requests the worker may decode together, a frame at a time (``open_blocking``,
+        ``step_blocking``): 4 where the native kernels run the rows of a step in one pass of the
+        weights; 1 elsewhere (CUDA graphs and torch's kernels gain nothing from it yet), where the
+        worker interleaves requests instead. ``extra['max_batch']`` overrides it."""
+        wanted = self._extra_int("max_batch")
+        if wanted is not None:
+            return max(1, wanted)
+        runtime = self.runtime
+        if runtime is None or runtime.graphs is not None or runtime.talker.model.native is None:
+            return 1
+        return MAX_BATCH
+
+    def open_blocking(self, request: SynthesisRequest, should_stop: ShouldStop) -> Synthesis:
+        """Validate and prefill ``request`` for ``step_blocking`` (raises what ``synthesize_blocking`` would)."""
+        self._require()
+        return self._open(request, should_stop, None, batched=True)
+
+    @torch.inference_mode()
+    def step_blocking(self, batch: list[Synthesis]) -> None:
+        """One frame of every unfinished synthesis in ``batch``, the batched ones in one step; each
+        keeps the chunks it completed for ``Synthesis.take``."""
+        runtime, gen = self.runtime, self.gen
+        assert runtime is not None and gen is not None
+        together = [s for s in batch if s.sequence is not None and not s.done]
+        if together:
+            for synthesis in together:
+                if synthesis.should_stop():
+                    synthesis.stop()
+            together = [s for s in together if not s.done]
+        if together:
+            rows = runtime.step_batch([s.sequence for s in together if s.sequence is not None], gen)
+            for synthesis, row in zip(together, rows, strict=True):
+                synthesis.add(row)
+        for synthesis in batch:
+            if synthesis.rows is not None and not synthesis.done:
+                synthesis.add(next(synthesis.rows, None))
+
+    @torch.inference_mode()
+    def _open(
+        self, request: SynthesisRequest, should_stop: ShouldStop, max_frames: int | None, batched: bool
+    ) -> Synthesis:
         runtime, gen = self.runtime, self.gen
         assert runtime is not None and gen is not None
         prompt, _, ref_codes, budget = self.prepare(request)
@@ -514,37 +564,95 @@ class TorchQwen3Engine:
         if ref_codes is not None and ref_codes.shape[0] > 0:
             stream.push(ref_codes.to(self.device))  # left context for the decoder; the reference audio is not played
         options = DecodeOptions(max_frames=budget, greedy=request.greedy, seed=request.seed)
-        pending: list[torch.Tensor] = []
-        frames = 0
-        started = time.perf_counter()
-        first_chunk_s: float | None = None
-        for row in runtime.frames(prompt, gen, options, should_stop):
-            pending.append(row)
-            frames += 1
-            if len(pending) >= (first if first_chunk_s is None else chunk):
-                audio = self._decode(stream, pending)
-                pending = []
-                if first_chunk_s is None:
-                    first_chunk_s = time.perf_counter() - started
-                if should_stop():
-                    return
-                yield audio
-        if should_stop():
+        synthesis = Synthesis(stream, first, chunk, budget, should_stop)
+        if batched:
+            if not should_stop():
+                synthesis.sequence = runtime.start(prompt, options)
+            else:
+                synthesis.stop()
+        else:
+            synthesis.rows = iter(runtime.frames(prompt, gen, options, should_stop))
+        return synthesis
+
+
+class Synthesis:
+    """One request's frames in, its audio chunks out: ``first`` frames, then ``chunk`` at a time.
+
+    Made by ``TorchQwen3Engine`` and advanced by its ``step_blocking``: in a batch (``sequence``,
+    stepped with others by ``TalkerRuntime.step_batch``) or alone (``rows``, ``TalkerRuntime.frames``).
+    """
+
+    def __init__(self, stream: Any, first: int, chunk: int, budget: int, should_stop: ShouldStop) -> None:
+        self.codec = stream
+        self.first = first
+        self.chunk = chunk
+        self.budget = budget
+        self.should_stop = should_stop
+        self.sequence: Sequence | None = None
+        self.rows: Iterator[torch.Tensor] | None = None
+        self.done = False
+        self._pending: list[torch.Tensor] = []
+        self._made: list[Samples] = []
+        self._frames = 0
+        self._started = time.perf_counter()
+        self._first_chunk_s: float | None = None
+
+    def take(self) -> list[Samples]:
+        """The chunks completed since the last call."""
+        made, self._made = self._made, []
+        return made
+
+    def stop(self) -> None:
+        """Asked to stop: no more frames, nothing more handed out."""
+        self.done = True
+        self._pending = []
+
+    def add(self, row: torch.Tensor | None) -> None:
+        """One more frame (``[G]`` codes), or None: the end (end of speech, the budget or a stop)."""
+        if self.done:
             return
-        if pending:
-            yield self._decode(stream, pending)
-        tail = stream.flush()
+        if row is None:
+            self._end()
+            return
+        self._pending.append(row)
+        self._frames += 1
+        if len(self._pending) < (self.first if self._first_chunk_s is None else self.chunk):
+            if self.sequence is not None and self.sequence.done:
+                self._end()
+            return
+        audio = _decode(self.codec, self._pending)
+        self._pending = []
+        if self._first_chunk_s is None:
+            self._first_chunk_s = time.perf_counter() - self._started
+        if self.should_stop():
+            self.stop()
+            return
+        self._made.append(audio)
+        if self.sequence is not None and self.sequence.done:
+            self._end()
+
+    def _end(self) -> None:
+        self.done = True
+        if self.should_stop():
+            self._pending = []
+            return
+        if self._pending:
+            self._made.append(_decode(self.codec, self._pending))
+            self._pending = []
+        tail = self.codec.flush()
         if tail is not None and tail.numel() > 0:
-            yield tail.detach().float().cpu().numpy().astype(np.float32, copy=False)
-        elapsed = time.perf_counter() - started
+            self._made.append(tail.detach().float().cpu().numpy().astype(np.float32, copy=False))
+        elapsed = time.perf_counter() - self._started
+        first = self._first_chunk_s
         log.info(
             "torch_synthesis_done",
-            frames=frames,
-            budget=budget,
-            first_chunk_ms=round(1000 * first_chunk_s, 1) if first_chunk_s is not None else None,
-            frames_per_s=round(frames / elapsed, 2) if elapsed > 0 else None,
+            frames=self._frames,
+            budget=self.budget,
+            first_chunk_ms=round(1000 * first, 1) if first is not None else None,
+            frames_per_s=round(self._frames / elapsed, 2) if elapsed > 0 else None,
         )
 
-    def _decode(self, stream: Any, rows: list[torch.Tensor]) -> Samples:
-        audio = stream.push(torch.stack(rows))
-        return np.ascontiguousarray(audio.detach().float().cpu().numpy(), dtype=np.float32)
+
+def _decode(stream: Any, rows: list[torch.Tensor]) -> Samples:
+    audio = stream.push(torch.stack(rows))
+    return np.ascontiguousarray(audio.detach().float().cpu().numpy(), dtype=np.float32)

@@ -350,6 +350,45 @@ class DecoderStack(nn.Module):
             x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask, positions)
         return self.norm(x)  # type: ignore[no-any-return]
 
+    def run_rows(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list[KVCache], rows: list[tuple[int, int]]
+    ) -> torch.Tensor:
+        """Rows of several sequences in one pass (a decoding step of several requests).
+
+        Row ``r`` of ``x`` ``[1, R, hidden]`` sits at position ``rows[r][1]`` of
+        ``caches[rows[r][0]]`` and attends to that cache up to there; ``cos``/``sin`` ``[R, head_dim]``
+        are the rows' own. Rows of one cache at consecutive positions are causal among themselves.
+        The native stack reads each weight once for up to ``NATIVE_STACK_ROWS`` rows; elsewhere each
+        run of one cache's consecutive rows is its own ``run`` (correct, not faster).
+        """
+        n = x.shape[1]
+        if self.native is not None:
+            parts = []
+            for i in range(0, n, NATIVE_STACK_ROWS):  # rows in order: a later call sees an earlier one's keys
+                part = rows[i : i + NATIVE_STACK_ROWS]
+                parts.append(
+                    self.native.run_rows(
+                        x[:, i : i + len(part)].contiguous(),
+                        [c.k for c in caches],
+                        [c.v for c in caches],
+                        cos[i : i + len(part)].contiguous(),
+                        sin[i : i + len(part)].contiguous(),
+                        [c for c, _ in part],
+                        [p for _, p in part],
+                    )
+                )
+            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        outs = []
+        i = 0
+        while i < n:
+            cache, start = rows[i]
+            j = i + 1
+            while j < n and rows[j] == (cache, start + j - i):
+                j += 1
+            outs.append(self.run(x[:, i:j], cos[i:j], sin[i:j], caches[cache], start))
+            i = j
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
 
 class KVCache:
     """Preallocated keys and values for every layer: ``[layers, 1, kv_heads, max_len, head_dim]``."""

@@ -3,12 +3,17 @@
 All state lives in buffers allocated once per request (KV caches, the frame-code matrix, the
 embedding scratch); the loop writes into them in place. On CUDA the talker step and the 15
 predictor steps can be replayed from CUDA graphs (``graphs.py``); everywhere else they run eagerly.
+
+Several requests decode together a step at a time (``start`` then ``step_batch``): each is a
+``Sequence`` with KV caches of its own, and every talker and predictor step runs their rows in
+one pass of the weights (``DecoderStack.run_rows``): on a memory-bound CPU, up to 4 rows cost
+little more than one. A sequence's codes are those it would get decoded alone (``frames``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +37,33 @@ class DecodeOptions:
     """Codec frames at most (12.5 per second of audio)."""
     greedy: bool
     seed: int | None
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """One request's decoding state among others (``TalkerRuntime.start``, ``step_batch``)."""
+
+    prompt: PromptEmbeddings
+    options: DecodeOptions
+    budget: int
+    prefill_len: int
+    cache: KVCache
+    """The talker's keys and values, sized for the prompt and the whole frame budget."""
+    pred_cache: KVCache
+    codes: torch.Tensor
+    """``[budget, G]``: row ``step`` is the frame being made."""
+    seen: torch.Tensor
+    generator: torch.Generator | None
+    frame_embeds: torch.Tensor
+    """``[1, G, hidden]``: the embeddings of the frame's codes, summed into the next talker input."""
+    logits: torch.Tensor
+    """Codebook-0 logits ``[1, V]`` of the next frame."""
+    hidden: torch.Tensor
+    """The talker's normed hidden state ``[1, 1, hidden]`` the next frame's predictor starts from."""
+    step: int = 0
+    """Frames made so far."""
+    done: bool = field(default=False)
+    """End of speech, or the budget spent: no more frames."""
 
 
 class DecodeProbe:
@@ -80,15 +112,18 @@ class TalkerRuntime:
     # -- positions ---------------------------------------------------------------------------
     def ensure_capacity(self, positions: int) -> None:
         """Make the talker rope tables and KV cache hold ``positions`` tokens."""
+        self._ensure_rope(positions)
+        if self.talker_cache is None or self.talker_cache.max_len < positions:
+            self.talker_cache = None
+            size = max(positions, 256)
+            self.talker_cache = KVCache(self.cfg.talker.decoder, size, self.device, self.dtype)
+
+    def _ensure_rope(self, positions: int) -> None:
         if positions > self._rope_len:
             size = max(positions, 2 * self._rope_len, 256)
             cos, sin = rope_tables(self.cfg.talker.decoder, size, self.device)
             self._cos, self._sin = cos.to(self.dtype), sin.to(self.dtype)
             self._rope_len = size
-        if self.talker_cache is None or self.talker_cache.max_len < positions:
-            self.talker_cache = None
-            size = max(positions, 256)
-            self.talker_cache = KVCache(self.cfg.talker.decoder, size, self.device, self.dtype)
 
     # -- model pieces ------------------------------------------------------------------------
     def prefill(self, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,13 +202,7 @@ class TalkerRuntime:
         budget = max(0, options.max_frames)
         prefill_len = prompt.prefill.shape[1]
         self.ensure_capacity(prefill_len + budget + 1)
-        generator: torch.Generator | None = None
-        if not options.greedy:
-            generator = torch.Generator(device=self.device)
-            if options.seed is None:
-                generator.seed()
-            else:
-                generator.manual_seed(options.seed)
+        generator = self._generator(options)
         codes = torch.zeros(max(budget, 1), self.groups, dtype=torch.long, device=self.device)
         seen = torch.zeros(1, tc.decoder.vocab_size, dtype=torch.bool, device=self.device)
         trailing = prompt.trailing
@@ -209,3 +238,133 @@ class TalkerRuntime:
                 logits, hidden = graphs.talker(self, step_input, pos)  # type: ignore[attr-defined]
             else:
                 logits, hidden = self.talker_step(step_input, pos)
+
+    def _generator(self, options: DecodeOptions) -> torch.Generator | None:
+        if options.greedy:
+            return None
+        generator = torch.Generator(device=self.device)
+        if options.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(options.seed)
+        return generator
+
+    # -- several requests together -----------------------------------------------------------
+    def start(self, prompt: PromptEmbeddings, options: DecodeOptions) -> Sequence:
+        """Prefill one request into caches of its own; ``step_batch`` then makes its frames."""
+        tc = self.cfg.talker
+        budget = max(0, options.max_frames)
+        n = prompt.prefill.shape[1]
+        self._ensure_rope(n + budget + 1)
+        cache = KVCache(tc.decoder, n + budget + 1, self.device, self.dtype)
+        h = self.talker.model.run(prompt.prefill, self._cos[:n], self._sin[:n], cache, 0)
+        last = h[:, -1:]
+        return Sequence(
+            prompt=prompt,
+            options=options,
+            budget=budget,
+            prefill_len=n,
+            cache=cache,
+            pred_cache=KVCache(tc.predictor, self.groups + 1, self.device, self.dtype),
+            codes=torch.zeros(max(budget, 1), self.groups, dtype=torch.long, device=self.device),
+            seen=torch.zeros(1, tc.decoder.vocab_size, dtype=torch.bool, device=self.device),
+            generator=self._generator(options),
+            frame_embeds=torch.zeros(1, self.groups, self.hidden, device=self.device, dtype=self.dtype),
+            logits=self.talker.codec_head(last)[:, 0].float(),
+            hidden=last,
+            done=budget == 0,
+        )
+
+    def step_batch(self, seqs: list[Sequence], gen: GenerationSettings) -> list[torch.Tensor | None]:
+        """One frame of every unfinished sequence, their rows together; per sequence its ``[G]`` row
+        (valid until its next step), or None when it ended (end of speech) or was already done."""
+        eos = self.cfg.talker.codec_eos_id
+        out: list[torch.Tensor | None] = [None] * len(seqs)
+        live: list[tuple[int, Sequence, torch.Tensor]] = []
+        for i, seq in enumerate(seqs):
+            if seq.done:
+                continue
+            logits = apply_repetition_penalty(seq.logits, seq.seen, gen.repetition_penalty)
+            mask = self.suppress_early if seq.step < MIN_NEW_TOKENS else self.suppress
+            code0 = choose(logits.masked_fill(mask, float("-inf")), gen.talker, seq.options.greedy, seq.generator)
+            if int(code0) == eos:
+                seq.done = True
+                continue
+            seq.seen.scatter_(1, code0, True)
+            row = seq.codes[seq.step]
+            row[0:1].copy_(code0[0])
+            live.append((i, seq, row))
+        if not live:
+            return out
+        self._predict_rows([(seq, row) for _, seq, row in live], gen.predictor)
+        going: list[Sequence] = []
+        for i, seq, row in live:
+            out[i] = row
+            if seq.step + 1 >= seq.budget:
+                seq.done = True
+            else:
+                going.append(seq)
+        if going:
+            self._talker_rows(going)
+        return out
+
+    def _talker_rows(self, seqs: list[Sequence]) -> None:
+        """The next talker position of each sequence, from the frame it just made."""
+        inputs = []
+        for seq in seqs:
+            x = seq.frame_embeds.sum(dim=1, keepdim=True)
+            trailing = seq.prompt.trailing
+            x[0, 0].add_(trailing[seq.step] if seq.step < trailing.shape[0] else seq.prompt.pad)
+            inputs.append(x)
+        positions = [seq.prefill_len + seq.step for seq in seqs]
+        self._ensure_rope(max(positions) + 1)
+        index = torch.tensor(positions, device=self.device)
+        h = self.talker.model.run_rows(
+            torch.cat(inputs, dim=1),
+            self._cos.index_select(0, index),
+            self._sin.index_select(0, index),
+            [seq.cache for seq in seqs],
+            [(k, pos) for k, pos in enumerate(positions)],
+        )
+        logits = self.talker.codec_head(h)[0].float()
+        for k, seq in enumerate(seqs):
+            seq.logits = logits[k : k + 1]
+            seq.hidden = h[:, k : k + 1]
+            seq.step += 1
+
+    def _predict_rows(self, live: list[tuple[Sequence, torch.Tensor]], settings: SamplingSettings) -> None:
+        """``predict_frame`` for several sequences: codebooks 1..G-1 of each row, rows together."""
+        cp = self.talker.code_predictor
+        tables = cp.model.codec_embedding
+        caches = [seq.pred_cache for seq, _ in live]
+        blocks = []
+        for seq, row in live:
+            seq.frame_embeds[0, 0:1].copy_(self.talker.model.codec_embedding(row[0:1]))
+            blocks.append(torch.cat([seq.hidden, seq.frame_embeds[:, 0:1]], dim=1))
+        n = len(live)
+        pairs = torch.tensor([0, 1] * n, device=self.device)
+        h = cp.model.run_rows(
+            cp.small_to_mtp_projection(torch.cat(blocks, dim=1)),
+            self.pred_cos.index_select(0, pairs),
+            self.pred_sin.index_select(0, pairs),
+            caches,
+            [(k, p) for k in range(n) for p in (0, 1)],
+        )
+        last = h[0, 1::2]
+        for step in range(self.groups - 1):
+            if step > 0:
+                pos = step + 1
+                x = torch.cat([seq.frame_embeds[:, step : step + 1] for seq, _ in live], dim=1)
+                h = cp.model.run_rows(
+                    cp.small_to_mtp_projection(x),
+                    self.pred_cos[pos : pos + 1].expand(n, -1),
+                    self.pred_sin[pos : pos + 1].expand(n, -1),
+                    caches,
+                    [(k, pos) for k in range(n)],
+                )
+                last = h[0]
+            logits = cp.lm_head[step](last).float()
+            for k, (seq, row) in enumerate(live):
+                code = choose(logits[k : k + 1], settings, seq.options.greedy, seq.generator)
+                row[step + 1 : step + 2].copy_(code[0])
+                seq.frame_embeds[0, step + 1 : step + 2].copy_(tables[step](code[0]))

@@ -24,7 +24,8 @@
 //   M <= kBlockedMaxRows (a prompt): a register-blocked product, weights widened in registers
 //     and reused for 6 input rows, float32 input;
 //   larger M: blocks of weight rows widened into a 4 MiB buffer for at::mm.
-// Stack runs one to kMaxRows positions through a whole Qwen3 decoder with these products.
+// Stack runs one to kMaxRows positions through a whole Qwen3 decoder with these products, of one
+// sequence (a prompt's last rows) or of several (run_rows: one decoding step of several requests).
 // Threads: at::parallel_for, i.e. torch's own intra-op pool (no second pool spinning beside it).
 
 #include <torch/extension.h>
@@ -673,17 +674,68 @@ struct Stack {
   // k_all/v_all [layers, 1, kv_heads, max_len, head_dim]; cos/sin [T, head_dim].
   torch::Tensor run(const torch::Tensor& x_in, const torch::Tensor& k_all, const torch::Tensor& v_all,
                     const torch::Tensor& cos_t, const torch::Tensor& sin_t, int64_t start) const {
+    const int64_t T = check_rows(x_in);
+    check_cache(k_all, v_all);
+    TORCH_CHECK(start >= 0 && start + T <= k_all.size(3), "positions ", start, "..", start + T - 1,
+                " outside the KV cache (", k_all.size(3), ")");
+    std::vector<Row> rows(T);
+    for (int64_t r = 0; r < T; ++r)
+      rows[r] = {k_all.data_ptr<float>(), v_all.data_ptr<float>(), k_all.size(3), start + r};
+    return forward(x_in, rows, cos_t, sin_t);
+  }
+
+  // Rows of different sequences in one pass (a decoding step of several requests): row r of
+  // x [1, T, hidden] is at position positions[r] of cache caches[r] (an index into k_list/v_list,
+  // each [layers, 1, kv_heads, max_len, head_dim]) and attends to that cache's positions
+  // 0..positions[r]. Rows of one cache may be consecutive positions (causal among them, as run).
+  // The weights are read once for all rows: T rows cost about what one does on a memory-bound CPU.
+  torch::Tensor run_rows(const torch::Tensor& x_in, const std::vector<torch::Tensor>& k_list,
+                         const std::vector<torch::Tensor>& v_list, const torch::Tensor& cos_t,
+                         const torch::Tensor& sin_t, const std::vector<int64_t>& caches,
+                         const std::vector<int64_t>& positions) const {
+    const int64_t T = check_rows(x_in);
+    TORCH_CHECK(k_list.size() == v_list.size() && !k_list.empty(), "one v cache per k cache");
+    TORCH_CHECK(static_cast<int64_t>(caches.size()) == T && static_cast<int64_t>(positions.size()) == T,
+                "one cache index and one position per row");
+    for (size_t c = 0; c < k_list.size(); ++c) check_cache(k_list[c], v_list[c]);
+    std::vector<Row> rows(T);
+    for (int64_t r = 0; r < T; ++r) {
+      const int64_t c = caches[r];
+      TORCH_CHECK(c >= 0 && c < static_cast<int64_t>(k_list.size()), "row ", r, ": no cache ", c);
+      const int64_t max_len = k_list[c].size(3);
+      TORCH_CHECK(positions[r] >= 0 && positions[r] < max_len, "row ", r, ": position ", positions[r],
+                  " outside its KV cache (", max_len, ")");
+      rows[r] = {k_list[c].data_ptr<float>(), v_list[c].data_ptr<float>(), max_len, positions[r]};
+    }
+    return forward(x_in, rows, cos_t, sin_t);
+  }
+
+ private:
+  struct Row {
+    float* k;  // layer 0 of the row's cache; layer li is li * kv_heads * max_len * head_dim further
+    float* v;
+    int64_t max_len;
+    int64_t pos;  // written here; attends to 0..pos
+  };
+
+  int64_t check_rows(const torch::Tensor& x_in) const {
     TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 3 && x_in.size(0) == 1 &&
                     x_in.size(2) == hidden && x_in.size(1) >= 1 && x_in.size(1) <= kMaxRows,
                 "x must be float32 [1, T <= ", kMaxRows, ", hidden]");
-    const int64_t T = x_in.size(1);
+    return x_in.size(1);
+  }
+
+  void check_cache(const torch::Tensor& k_all, const torch::Tensor& v_all) const {
     TORCH_CHECK(k_all.scalar_type() == at::kFloat && k_all.is_contiguous() && v_all.is_contiguous() &&
                     k_all.dim() == 5 && k_all.size(0) >= static_cast<int64_t>(layers.size()) &&
-                    k_all.size(2) == kv_heads && k_all.size(4) == head_dim && v_all.sizes() == k_all.sizes(),
+                    k_all.size(2) == kv_heads && k_all.size(4) == head_dim && v_all.sizes() == k_all.sizes() &&
+                    v_all.scalar_type() == at::kFloat,
                 "KV cache must be float32 [layers, 1, kv_heads, max_len, head_dim]");
-    const int64_t max_len = k_all.size(3);
-    TORCH_CHECK(start >= 0 && start + T <= max_len, "positions ", start, "..", start + T - 1,
-                " outside the KV cache (", max_len, ")");
+  }
+
+  torch::Tensor forward(const torch::Tensor& x_in, const std::vector<Row>& rows, const torch::Tensor& cos_t,
+                        const torch::Tensor& sin_t) const {
+    const int64_t T = static_cast<int64_t>(rows.size());
     TORCH_CHECK(cos_t.numel() == T * head_dim && sin_t.numel() == T * head_dim && cos_t.is_contiguous() &&
                     sin_t.is_contiguous() && cos_t.scalar_type() == at::kFloat && sin_t.scalar_type() == at::kFloat,
                 "cos/sin must be float32 [T, head_dim]");
@@ -698,17 +750,19 @@ struct Stack {
     std::vector<float> h(x.data_ptr<float>(), x.data_ptr<float>() + T * hidden);
     std::vector<float> t(T * std::max(hidden, nq)), qkv(T * width), attn(T * nq), gu(T * 2 * inter), y(T * hidden);
     std::vector<float> act(T * inter);
-    const int64_t span = start + T;
+    int64_t span = 0;
+    for (const Row& row : rows) span = std::max(span, row.pos + 1);
     std::vector<float> scores(heads * span);
-    const int64_t layer_stride = kv_heads * max_len * head_dim;
     for (size_t li = 0; li < layers.size(); ++li) {
       const Layer& L = layers[li];
       for (int64_t r = 0; r < T; ++r)
         rms_norm(h.data() + r * hidden, L.ln1.data_ptr<float>(), hidden, e, t.data() + r * hidden);
       L.qkv(t.data(), qkv.data(), T);
-      float* kc = k_all.data_ptr<float>() + li * layer_stride;
-      float* vc = v_all.data_ptr<float>() + li * layer_stride;
       for (int64_t r = 0; r < T; ++r) {
+        const Row& row = rows[r];
+        const int64_t layer_offset = static_cast<int64_t>(li) * kv_heads * row.max_len * head_dim;
+        float* kc = row.k + layer_offset;
+        float* vc = row.v + layer_offset;
         float* q = qkv.data() + r * width;
         float* k = q + nq;
         const float* v = k + nkv;
@@ -723,19 +777,23 @@ struct Stack {
           float* kj = k + j * head_dim;
           rms_norm(kj, L.kn.data_ptr<float>(), head_dim, e, kj);
           rope(kj, cr, sr, head_dim);
-          std::copy_n(kj, head_dim, kc + (j * max_len + start + r) * head_dim);
-          std::copy_n(v + j * head_dim, head_dim, vc + (j * max_len + start + r) * head_dim);
+          std::copy_n(kj, head_dim, kc + (j * row.max_len + row.pos) * head_dim);
+          std::copy_n(v + j * head_dim, head_dim, vc + (j * row.max_len + row.pos) * head_dim);
         }
       }
+      // Every row's keys are written before any row attends: a row sees the rows of its own cache
+      // before it in this block, as a causal block would.
       at::parallel_for(0, heads, 1, [&](int64_t h0, int64_t h1) {
         for (int64_t i = h0; i < h1; ++i) {
           const int64_t j = i / group;
-          const float* kb = kc + j * max_len * head_dim;
-          const float* vb = vc + j * max_len * head_dim;
           float* sc = scores.data() + i * span;
           for (int64_t r = 0; r < T; ++r) {
+            const Row& row = rows[r];
+            const int64_t layer_offset = static_cast<int64_t>(li) * kv_heads * row.max_len * head_dim;
+            const float* kb = row.k + layer_offset + j * row.max_len * head_dim;
+            const float* vb = row.v + layer_offset + j * row.max_len * head_dim;
             const float* qi = qkv.data() + r * width + i * head_dim;
-            const int64_t last = start + r;  // causal: this row sees positions 0..last
+            const int64_t last = row.pos;  // causal: this row sees positions 0..last
             float mx = -INFINITY;
             for (int64_t p = 0; p <= last; ++p) {
               const float* kp = kb + p * head_dim;
@@ -943,5 +1001,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("layers"), py::arg("norm"), py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"),
            py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
       .def("run", &Stack::run, "one position through every layer and the final norm", py::arg("x"),
-           py::arg("k_cache"), py::arg("v_cache"), py::arg("cos"), py::arg("sin"), py::arg("start"));
+           py::arg("k_cache"), py::arg("v_cache"), py::arg("cos"), py::arg("sin"), py::arg("start"))
+      .def("run_rows", &Stack::run_rows, "rows of several sequences, each at its own position of its own cache",
+           py::arg("x"), py::arg("k_caches"), py::arg("v_caches"), py::arg("cos"), py::arg("sin"), py::arg("caches"),
+           py::arg("positions"));
 }
