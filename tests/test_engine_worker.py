@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -114,3 +115,37 @@ async def test_should_stop_ends_the_stream_and_the_engine_sees_it() -> None:
     assert engine.closed_on in engine.threads
     assert engine.produced < 1000
     await worker.close()
+
+
+class TaggedEngine:
+    """Yields ``chunks`` chunks per request, 10 ms each, and records the order it made them in."""
+
+    def __init__(self, chunks: int) -> None:
+        self.chunks = chunks
+        self.made: list[str] = []
+
+    def synthesize_blocking(self, request: SynthesisRequest, should_stop: ShouldStop) -> Iterator[np.ndarray]:
+        for _ in range(self.chunks):
+            if should_stop():
+                return
+            time.sleep(0.01)  # the second stream starts while the first makes its first chunk
+            self.made.append(request.text)
+            yield np.zeros(4, dtype=np.float32)
+
+    def close_blocking(self) -> None:
+        return None
+
+
+async def test_streams_sharing_the_engine_thread_take_turns() -> None:
+    """An engine that does not batch: concurrent streams whose readers keep up still advance
+    together, a chunk each in turn, not one stream to its end and then the next."""
+    engine = TaggedEngine(STREAM_AHEAD)
+    worker = EngineWorker(engine)  # type: ignore[arg-type]
+
+    async def read(text: str) -> int:
+        request = SynthesisRequest(text=text, voice=None, language="auto")
+        return len([chunk async for chunk in worker.stream(request, lambda: False)])
+
+    assert await asyncio.gather(read("a"), read("b")) == [STREAM_AHEAD, STREAM_AHEAD]
+    assert engine.made.index("b") <= 2, engine.made  # b's first chunk came right after a's first
+    assert engine.made[: 2 * STREAM_AHEAD - 2].count("a") <= STREAM_AHEAD - 1

@@ -121,7 +121,8 @@ class _Stream:
 
     The engine thread runs the generator ahead of the consumer until ``capacity`` chunks
     wait, then *returns* (so other engine calls, e.g. memory figures, can run) and is
-    resubmitted once the consumer has taken half of them. The event loop is woken only
+    resubmitted once the consumer has taken half of them. While other streams share the thread
+    (``crowded``) it takes turns with them, a chunk each. The event loop is woken only
     when it is actually waiting: a zero-cost utterance costs one hop, not one per chunk.
     Every generator operation (create, advance, close) happens on the engine thread.
     """
@@ -133,11 +134,14 @@ class _Stream:
         start: Callable[[], Iterator[Samples]],
         capacity: int,
         budget: _Budget | None = None,
+        crowded: Callable[[], bool] | None = None,
     ) -> None:
         self._loop = loop
         self._submit = submit
         self._start = start
         self._capacity = capacity
+        self._crowded = crowded
+        """True while other streams share the engine thread: give it back after every chunk."""
         self._chunks: Iterator[Samples] | None = None
         self._items: collections.deque[Samples] = collections.deque()
         self._lock = threading.Lock()
@@ -180,6 +184,9 @@ class _Stream:
                     self._finish(None)
                     return
                 self._put(chunk)  # type: ignore[arg-type]
+                if self._crowded is not None and self._crowded():
+                    self._submit(self.produce)  # behind the other streams' turns
+                    return
         except BaseException as exc:  # re-raised on the event loop by the consumer
             self._finish(exc)
 
@@ -317,6 +324,11 @@ class _BatchStream(_Stream):
         self.batch.leave(self)
         if self.synthesis is not None:
             self.synthesis.stop()
+
+    def waiting_for_place(self) -> bool:
+        """Joined but not opened yet: ``_Batch.size`` streams are open before it."""
+        with self._lock:
+            return self.joined and self.synthesis is None and not self._finished and not self.closed
 
     def runnable(self) -> bool:
         with self._lock:
@@ -501,7 +513,14 @@ class EngineWorker:
         if batch is not None:
             stream = _BatchStream(loop, batch, request, stop, STREAM_AHEAD, budget)
         else:
-            stream = _Stream(loop, submit, lambda: self.engine.synthesize_blocking(request, stop), STREAM_AHEAD, budget)
+            stream = _Stream(
+                loop,
+                submit,
+                lambda: self.engine.synthesize_blocking(request, stop),
+                STREAM_AHEAD,
+                budget,
+                crowded=lambda: len(self._active) > 1,
+            )
         self._active.add(stream)
         failed: EngineTimeout | None = None
         submit(stream.produce)
@@ -510,6 +529,8 @@ class EngineWorker:
                 try:
                     chunk = await stream.get(self.stall_timeout_s)
                 except EngineTimeout as exc:
+                    if isinstance(stream, _BatchStream) and stream.waiting_for_place():
+                        continue  # the batch is full: its streams' own timeouts watch the engine
                     if self._watches:
                         # Queued behind an earlier request's engine run that has not returned:
                         # not this one's fault. Wait for the verdict (recovered, or wedged).
