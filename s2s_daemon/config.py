@@ -123,6 +123,9 @@ class TtsConfig(Section):
     max_utterance_s: float = Field(300.0, gt=0, le=86_400)
     """Engine time one request may take, all its sentences together (time it waits for playback or
     for a streamed text's next piece does not count); past it the request fails ``engine_error``."""
+    max_streams: int = Field(4, ge=1, le=8)
+    """Requests synthesized at once: the speaker's one at a time, in order, and callers' (HTTP,
+    Wyoming) beside it; 1: one request after another, in queue order."""
     torch: TorchEngineConfig = TorchEngineConfig()
     mlx: MlxEngineConfig = MlxEngineConfig()
     options: dict[str, str] = Field(default_factory=dict)

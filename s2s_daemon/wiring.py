@@ -5,7 +5,7 @@ intake checks a request against.
 
 ```
  intake(s) --submit--> ledger --> request queue --> TtsStage --utterances--> PlaybackStage --> sink
-                         ^  (events from the stages)                           \\--> a caller's output
+                         ^  (events from the stages)  \\-------outputs-------/      \\--> a caller's output
 ```
 """
 
@@ -140,6 +140,7 @@ def build_pipeline(
         stream_idle_s=config.tts.stream_idle_s,
     )
     utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
+    outputs: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances.callers")  # each played at once
     pacer = Pacer(enabled=config.audio.gapless)
     tts = TtsStage(
         worker,
@@ -152,5 +153,8 @@ def build_pipeline(
         template=template,
         library=library,
         pacer=pacer,
+        max_streams=config.tts.max_streams,
+        outputs=outputs,
     )
-    return Pipeline(requests, ledger, rules, tts, PlaybackStage(sink, utterances, ledger, pacer), library)
+    playback = PlaybackStage(sink, utterances, ledger, pacer, outputs=outputs)
+    return Pipeline(requests, ledger, rules, tts, playback, library)

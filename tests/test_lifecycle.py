@@ -173,6 +173,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         ("tts: {engine: espeak}\n", "tts.engine"),
         ("tts: {torch: {kernels: fast}}\n", "tts.torch.kernels"),
         ("tts: {torch: {quantization: int3}}\n", "tts.torch.quantization"),
+        ("tts: {max_streams: 0}\n", "tts.max_streams"),
+        ("tts: {max_streams: 9}\n", "tts.max_streams"),
         ("audio: {sink: wav}\n", "audio"),
         ("queue: {max_pending: zero}\n", "queue.max_pending"),
         ("vad: {frame_ms: 25}\n", "vad.frame_ms"),

@@ -1,5 +1,7 @@
 """The playback stage: hands utterances to the speaker's sink one at a time, and those bound
-for a caller (``SayRequest.output``) to their own output at once; ends their jobs."""
+for a caller (``SayRequest.output``) to their own output at once; ends their jobs. Callers'
+utterances may come on a channel of their own (``outputs``), so that one never queues behind a
+speaker's utterance waiting for the speaker."""
 
 from __future__ import annotations
 
@@ -31,7 +33,12 @@ POLL_S = 0.02
 
 class PlaybackStage:
     def __init__(
-        self, sink: AudioSink, utterances: Channel[Utterance], dispatcher: Dispatcher, pacer: Pacer | None = None
+        self,
+        sink: AudioSink,
+        utterances: Channel[Utterance],
+        dispatcher: Dispatcher,
+        pacer: Pacer | None = None,
+        outputs: Channel[Utterance] | None = None,
     ) -> None:
         self.sink = sink
         self.utterances = utterances
@@ -39,22 +46,33 @@ class PlaybackStage:
         self.pacer = pacer or Pacer()
         """What the speaker learns of the engine's speed (gapless playback on slow hardware); the
         TTS stage reads it to hold back each later sentence of an utterance."""
+        self.outputs = outputs
+        """Callers' utterances apart from the speaker's: one never waits for room on the speaker."""
 
     async def run(self) -> None:
-        # The speaker plays one utterance after another (one more waits in ``speaker``); a
-        # caller's output plays as soon as its utterance comes, beside the speaker and the others.
+        """Until ``utterances`` (and ``outputs``) are closed and every utterance has played."""
         speaker: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances.speaker")
+        inputs = [self.utterances] if self.outputs is None else [self.utterances, self.outputs]
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._speak(speaker), name="s2s.playback.speaker")
             try:
-                async for utterance in self.utterances:
-                    output = utterance.request.output
-                    if output is None:
-                        await speaker.put(utterance)
-                        continue
-                    tg.create_task(self._play_logged(utterance, output), name=f"s2s.output.{utterance.request.id}")
+                async with asyncio.TaskGroup() as routes:
+                    for utterances in inputs:
+                        routes.create_task(self._route(utterances, speaker, tg), name=f"s2s.playback.{utterances.name}")
             finally:
                 speaker.close()
+
+    async def _route(
+        self, utterances: Channel[Utterance], speaker: Channel[Utterance], players: asyncio.TaskGroup
+    ) -> None:
+        # The speaker plays one utterance after another (one more waits in ``speaker``); a
+        # caller's output plays as soon as its utterance comes, beside the speaker and the others.
+        async for utterance in utterances:
+            output = utterance.request.output
+            if output is None:
+                await speaker.put(utterance)
+                continue
+            players.create_task(self._play_logged(utterance, output), name=f"s2s.output.{utterance.request.id}")
 
     async def _speak(self, speaker: Channel[Utterance]) -> None:
         async for utterance in speaker:

@@ -89,7 +89,8 @@ class SayRequest:
     reply_to: ReplyTo | None = None
     output: AudioOutput | None = None
     """Where the audio goes: None is the daemon's own sink (the speaker); otherwise the caller's
-    stream (or file) that the intake made. The TTS stage never looks at it."""
+    stream (or file) that the intake made. The TTS stage only asks whether there is one: the
+    speaker's requests are synthesized one at a time, a caller's beside them."""
     feed: TextFeed | None = None
     """The text still being written (a streamed say, ``say -``): ``text`` is then empty and the
     TTS stage reads sentences from the feed as they come."""
@@ -128,7 +129,7 @@ class AudioOutput(Protocol):
     ``play`` consumes ``utterance.chunks`` until the channel closes (or the caller is gone),
     calls ``on_first_sample`` when the first sample leaves, and reports what it delivered.
     Cancelling ``play`` (stop, shutdown) ends it at once. Outputs play concurrently with the
-    speaker and with each other; synthesis itself stays one request at a time.
+    speaker and with each other, and are synthesized so too (up to ``tts.max_streams`` requests).
     """
 
     name: str

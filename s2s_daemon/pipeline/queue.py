@@ -1,10 +1,16 @@
-"""The bounded request queue: priority first, then arrival; interrupts jump the line."""
+"""The bounded request queue: priority first, then arrival; interrupts jump the line.
+
+Its consumer may take only the requests it can serve now (``get(accept)``: the TTS stage, whose
+speaker is busy, takes a caller's request queued behind the speaker's next one); what it
+refuses keeps its place.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import itertools
+from collections.abc import Callable
 
 from s2s_daemon.pipeline.channel import ChannelClosed
 from s2s_daemon.pipeline.messages import SayRequest
@@ -19,7 +25,8 @@ class RequestQueue:
         self._seq = itertools.count()
         self._front = itertools.count(-1, -1)
         self._ids: set[str] = set()
-        self._readable = asyncio.Event()
+        self._changed = asyncio.Event()
+        """Set when what ``get`` may find has changed (an offer, a removal, a close, ``reconsider``)."""
         self._closed = False
 
     def __len__(self) -> int:
@@ -40,7 +47,7 @@ class RequestQueue:
         priority = -(1 << 30) if front else -request.priority
         heapq.heappush(self._heap, (priority, order, request))
         self._ids.add(request.id)
-        self._readable.set()
+        self._changed.set()
         return True
 
     def _pop_live(self) -> SayRequest | None:
@@ -51,23 +58,43 @@ class RequestQueue:
                 return request
         return None
 
-    async def get(self) -> SayRequest:
+    def _pop_accepted(self, accept: Callable[[SayRequest], bool]) -> SayRequest | None:
+        """The first live request in serving order that ``accept`` takes, out of the queue."""
+        while self._heap and self._heap[0][2].id not in self._ids:
+            heapq.heappop(self._heap)  # removed ones at the top
+        if self._heap and accept(self._heap[0][2]):
+            return self._pop_live()
+        entry = min((e for e in self._heap if e[2].id in self._ids and accept(e[2])), default=None)
+        if entry is None:
+            return None
+        self._heap.remove(entry)
+        heapq.heapify(self._heap)
+        self._ids.discard(entry[2].id)
+        return entry[2]
+
+    async def get(self, accept: Callable[[SayRequest], bool] | None = None) -> SayRequest:
+        """The next request in serving order, or the first of them that ``accept`` takes (the others
+        keep their place). Waits for one; ``ChannelClosed`` once closed and empty. ``accept`` is asked
+        again at each change of the queue and after ``reconsider``."""
         while True:
-            request = self._pop_live()
+            request = self._pop_live() if accept is None else self._pop_accepted(accept)
             if request is not None:
-                if not self._ids:
-                    self._readable.clear()
                 return request
-            self._readable.clear()
-            if self._closed:
+            if self._closed and not self._ids:
                 raise ChannelClosed("requests")
-            await self._readable.wait()
+            self._changed.clear()
+            await self._changed.wait()
+
+    def reconsider(self) -> None:
+        """What ``get``'s ``accept`` refused it may take now (the consumer freed a place): ask again."""
+        self._changed.set()
 
     def remove(self, request_id: str) -> bool:
         """Take one request out (lazily dropped from the heap)."""
         if request_id not in self._ids:
             return False
         self._ids.discard(request_id)
+        self._changed.set()
         return True
 
     def drain(self) -> list[SayRequest]:
@@ -76,11 +103,9 @@ class RequestQueue:
         while (request := self._pop_live()) is not None:
             out.append(request)
         self._heap.clear()
-        self._readable.clear()
-        if self._closed:
-            self._readable.set()
+        self._changed.set()
         return out
 
     def close(self) -> None:
         self._closed = True
-        self._readable.set()
+        self._changed.set()

@@ -1,4 +1,12 @@
-"""The TTS stage: takes requests in order, streams the engine's chunks to the sink."""
+"""The TTS stage: takes requests in order, streams the engine's chunks to the sink.
+
+Up to ``tts.max_streams`` requests are synthesized at once, each in a task of its own (its own
+``request_id`` in the logs, its own ``tts.max_utterance_s``), their engine streams sharing the
+one engine thread (``EngineWorker.stream``). The speaker's requests (no ``output``) hold one place
+at a time, in queue order, held back by the VAD gate: the speaker plays one utterance after
+another. A caller's request (HTTP, Wyoming) takes any free place, even when a speaker's request
+that must wait is queued ahead of it.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +31,7 @@ from s2s_daemon.pipeline.jobs import (
     SynthesisStarted,
     TextCut,
 )
-from s2s_daemon.pipeline.messages import ErrorCode, Utterance
+from s2s_daemon.pipeline.messages import ErrorCode, SayRequest, Utterance
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.segment import split_sentences
@@ -44,7 +52,10 @@ CHUNK_BUFFER = 64
 
 
 class TtsStage:
-    """Owns synthesis. Runs one request at a time on the engine's worker thread."""
+    """Owns synthesis: up to ``max_streams`` requests at once on the engine's worker thread, one
+    of them the speaker's. A speaker's utterance goes to ``utterances`` (back-pressure: the
+    speaker's backlog holds the next one back), a caller's to ``outputs`` (``utterances`` when
+    None), which a busy speaker never holds up."""
 
     def __init__(
         self,
@@ -58,6 +69,8 @@ class TtsStage:
         template: SynthesisRequest | None = None,
         library: VoiceLibrary | None = None,
         pacer: Pacer | None = None,
+        max_streams: int = 1,
+        outputs: Channel[Utterance] | None = None,
     ) -> None:
         self.worker = worker
         self.info = info
@@ -66,40 +79,68 @@ class TtsStage:
         self.dispatcher = dispatcher
         self.chunk_frames = chunk_frames
         self.gate = gate
+        """Returns an awaitable to hold the speaker's next utterance (VAD policy ``wait``), or None."""
         self.template = template or SynthesisRequest(text="", voice=None, language="auto")
         """Fixed synthesis settings (seed, greedy, reference audio) applied to every request."""
-        """Returns an awaitable to hold the next utterance (VAD policy ``wait``), or None."""
         self.library = library
         """Named voices: a request's library voice becomes the reference audio / instruction."""
         self._presets = {v.lower() for v in info.voices}
         self.pacer = pacer
         """The engine's speed as the speaker learned it (shared with the playback stage): on a
         slow engine each later sentence is held back until it will play without a gap."""
+        self.outputs = outputs
+        """Where callers' utterances go, apart from the speaker's (the playback stage reads both)."""
+        self._places = asyncio.Semaphore(max_streams)
+        """Requests synthesized at once (``tts.max_streams``); 1: one after another, in queue order."""
+        self._speaker_busy = False
+        """A speaker's request holds a place: waiting for the gate, for room in the speaker's
+        backlog, or synthesizing. The next speaker's request waits; a caller's does not."""
 
     async def run(self) -> None:
+        """Until the request queue is closed and empty, and every synthesis begun has ended."""
         try:
-            while True:
-                try:
-                    request = await self.requests.get()
-                except ChannelClosed:
-                    return
-                if self.gate is not None and (hold := self.gate()) is not None:
-                    await hold
-                job = self.dispatcher.take(request)
-                if job is None:
-                    continue
-                with structlog.contextvars.bound_contextvars(request_id=request.id):
-                    await self._synthesize(job)
+            async with asyncio.TaskGroup() as tg:
+                while True:
+                    await self._places.acquire()
+                    try:
+                        request = await self.requests.get(self._servable)
+                    except ChannelClosed:
+                        return  # once the syntheses begun have ended (the task group waits for them)
+                    if request.output is None:
+                        self._speaker_busy = True
+                    tg.create_task(self._serve(request), name=f"s2s.tts.{request.id}")
         finally:
             self.utterances.close()
+            if self.outputs is not None:
+                self.outputs.close()
+
+    def _servable(self, request: SayRequest) -> bool:
+        return request.output is not None or not self._speaker_busy
+
+    async def _serve(self, request: SayRequest) -> None:
+        """One request in its own task: its log context and engine-time budget are its own."""
+        try:
+            with structlog.contextvars.bound_contextvars(request_id=request.id):
+                # The gate holds the room's next utterance while someone speaks, not a caller's.
+                if request.output is None and self.gate is not None and (hold := self.gate()) is not None:
+                    await hold
+                job = self.dispatcher.take(request)
+                if job is not None:
+                    await self._synthesize(job)
+        finally:
+            if request.output is None:
+                self._speaker_busy = False
+                self.requests.reconsider()
+            self._places.release()
 
     async def _synthesize(self, job: Job) -> None:
         request = job.request
         ledger = self.dispatcher
         chunks: Channel[np.ndarray] = Channel(CHUNK_BUFFER, Overflow.BLOCK, f"chunks.{request.id}")
         utterance = Utterance(request, self.info.sample_rate, chunks)
+        route = self.utterances if request.output is None or self.outputs is None else self.outputs
         try:
-            await self.utterances.put(utterance)
+            await route.put(utterance)
         except ChannelClosed:
             ledger.record(job, Released(time.monotonic()))
             return
