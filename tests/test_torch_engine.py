@@ -62,7 +62,7 @@ def _engine(path: Path, **extra: str) -> TorchQwen3Engine:
 
 @pytest.fixture(scope="module")
 def cv() -> Iterator[TorchQwen3Engine]:
-    engine = _engine(CV, max_frames="10")
+    engine = _engine(CV, max_frames="10", first_chunk_frames="50")  # every chunk chunk_frames long
     yield engine
     engine.close_blocking()
 
@@ -259,8 +259,8 @@ def test_streaming_chunks(cv: TorchQwen3Engine) -> None:
 
 
 def test_smaller_first_chunk() -> None:
-    """first_chunk_frames=1: one frame first (sooner first audio), then full chunks; same audio."""
-    engine = _engine(CV, max_frames="10", first_chunk_frames="1")
+    """By default one frame first (sooner first audio), then full chunks; same audio."""
+    engine = _engine(CV, max_frames="10")
     request = _request(chunk_frames=4, greedy=True)
     chunks = list(engine.synthesize_blocking(request, lambda: False))
     assert [len(c) for c in chunks] == [

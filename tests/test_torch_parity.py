@@ -205,7 +205,8 @@ def test_streamed_waveform_matches_official(case: str, engines: dict[str, TorchQ
         engine.options.extra.pop("max_frames", None)
         engine.options.extra.pop("text_streaming", None)
     assert all(c.dtype == np.float32 for c in chunks)
-    assert [len(c) for c in chunks[:-1]] == [4 * 1920] * (len(chunks) - 1)
+    assert len(chunks[0]) == 1920  # a one-frame first chunk, then chunk_frames each
+    assert [len(c) for c in chunks[1:-1]] == [4 * 1920] * (len(chunks) - 2)
     wav = np.concatenate(chunks)
     expected = gold["wav"].reshape(-1)
     assert wav.shape == expected.shape

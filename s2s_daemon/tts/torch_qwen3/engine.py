@@ -14,8 +14,8 @@ the utterance's own tokens. At 12.5 frames/s that is 2.4 s plus 0.64 s per token
 spends about 0.2-0.3 s per BPE token (English word pieces, CJK characters), so the budget leaves
 2-3x headroom for slow voices and still ends a runaway within seconds on short texts.
 ``EngineOptions.extra['max_frames']`` lowers it further (tests, benchmarks).
-``EngineOptions.extra['first_chunk_frames']`` makes the first chunk smaller than ``chunk_frames``
-(sooner first audio; later chunks keep the full size).
+``EngineOptions.extra['first_chunk_frames']``: frames of the first chunk (default 1: sooner first
+audio; later chunks keep ``chunk_frames``).
 ``EngineOptions.extra['voice_cache']``: the folder of computed clone prompts (``clone_cache.py``;
 else ``$S2S_VOICE_CACHE``, else ``$XDG_CACHE_HOME/s2s-daemon/voices``), ``off`` for memory only.
 """
@@ -64,6 +64,11 @@ log = structlog.get_logger(__name__)
 FRAMES_BASE = 30
 MAX_BATCH = 4
 """Requests decoded together on the native kernels: their decoding kernels take up to 4 rows."""
+FIRST_CHUNK_FRAMES = 1
+"""Frames of an utterance's first chunk (``extra['first_chunk_frames']``; later chunks are
+``chunk_frames``): on the 2-core CPU the first chunk came 0.3-0.5 s sooner than with 4 frames
+(0.6B int8, 2 threads; 2 December 2026) and the whole stream took no longer (the codec decoder
+is exact in any chunking)."""
 FRAMES_PER_TOKEN = 8
 SAMPLE_RATE = 24000
 
@@ -75,12 +80,18 @@ def frame_budget(text_tokens: int, max_new_tokens: int, cap: int | None = None) 
 
 
 def cpu_threads() -> int:
-    """Intra-op threads on the CPU: every core but one (kept for the event loop, audio and the OS).
+    """Intra-op threads on the CPU: every core on a machine of two or fewer, else every core but
+    one (kept for the event loop, audio and the OS); never more than torch's own default
+    (``OMP_NUM_THREADS`` when set).
 
-    Measured on the 2-core CI box shared with other jobs: 1 thread decoded the 0.6B model 2.4x
-    faster than 2 (OpenMP workers spin-wait for a core that another process holds).
+    Measured on a quiet 2-core box (2 December 2026, 0.6B int8, ten-word sentence): 2 threads made
+    a frame with audio in 0.15-0.19 s against 0.27-0.36 s with 1, and the first one-frame chunk
+    came after 0.66-0.76 s against 1.18-1.37 s. On a box whose other core is busy with another
+    process, OpenMP's workers wait for it (earlier, on a shared CI box, 1 thread was 2.4x faster
+    than 2): there, ``tts.options.threads: "1"``.
     """
-    return max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) - 1))
+    cores = os.cpu_count() or 1
+    return max(1, min(torch.get_num_threads(), cores if cores <= 2 else cores - 1))
 
 
 def pick_device(requested: str) -> torch.device:
@@ -558,8 +569,8 @@ class TorchQwen3Engine:
         if max_frames is not None:
             budget = min(budget, max_frames)
         chunk = max(1, int(request.chunk_frames))
-        # A smaller first chunk gets the first sound out sooner; later chunks are full size.
-        first = max(1, min(chunk, self._extra_int("first_chunk_frames") or chunk))
+        # A one-frame first chunk gets the first sound out sooner; later chunks are full size.
+        first = max(1, min(chunk, self._extra_int("first_chunk_frames") or FIRST_CHUNK_FRAMES))
         stream = self.codec.stream()
         if ref_codes is not None and ref_codes.shape[0] > 0:
             stream.push(ref_codes.to(self.device))  # left context for the decoder; the reference audio is not played
