@@ -353,7 +353,8 @@ class _Batch:
 
     Every step runs on the engine thread and is resubmitted after each frame, so other engine
     calls (memory figures, closing a stream) wait at most one step. Up to ``size`` streams are
-    open at once (their KV caches live); a later one is opened (prefilled) when one ends. A stream
+    open at once (their KV caches live), one more opened (prefilled) per step; a later one
+    waits for a place. A stream
     whose consumer is ``STREAM_AHEAD`` chunks behind is left out of the steps until it catches up.
     """
 
@@ -387,18 +388,24 @@ class _Batch:
             self._scheduled = False
         ready: list[_BatchStream] = []
         opened = 0
+        prefilled = False
         for stream in list(self._streams):
             if stream.closed:
                 continue
             if stream.synthesis is None:
-                if opened >= self.size:
+                # One prefill per step: the streams already open make their next frame in between
+                # (four requests at once: the first plays after one prefill, not after four).
+                if opened >= self.size or prefilled:
                     continue
+                prefilled = True
                 if not self._open(stream):
                     continue
             opened += 1
             if stream.runnable():
                 ready.append(stream)
         if not ready:
+            if self._has_work():  # the stream opened this step failed: the next may open
+                self.wake()
             return
         started = time.monotonic()
         for stream in ready:
@@ -417,8 +424,15 @@ class _Batch:
                 stream.budget.spent_s += spent
         for stream in ready:
             stream.deliver()
-        if any(stream.runnable() for stream in self._streams):
+        if self._has_work():
             self.wake()
+
+    def _has_work(self) -> bool:
+        """An open stream can make a frame, or a joined one can be opened."""
+        opened = [stream for stream in self._streams if stream.synthesis is not None]
+        if any(stream.runnable() for stream in opened):
+            return True
+        return len(opened) < self.size and any(s.synthesis is None and s.runnable() for s in self._streams)
 
     def _open(self, stream: _BatchStream) -> bool:
         started = stream._running_since = time.monotonic()

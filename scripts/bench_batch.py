@@ -1,0 +1,190 @@
+"""Several streams at once on the torch engine: decoded together (batched) against interleaved.
+
+    .venv/bin/python -m s2s_daemon.tools.make_checkpoint /tmp/qwen3_06b_cv --size 0.6b --kind custom_voice
+    .venv/bin/python scripts/bench_batch.py /tmp/qwen3_06b_cv [--format int8] [--frames 32] [--streams 1,2,4]
+
+One process, one engine, loaded once. Each round runs, for every stream count N, N requests of
+the same ten-word sentence in different voices at once through ``EngineWorker.stream`` (the
+daemon's path): first with the engine's batch (``max_batch`` 4: a frame of every stream per step,
+their rows in one pass of the weights), then interleaved (``max_batch`` 1: each stream's
+generator in turn on the one engine thread, as before batching). Random weights never say
+end-of-speech, so every stream makes ``--frames`` frames; 4-frame chunks, greedy. Rounds
+alternate the two ways (this machine is noisy) and the best of ``--rounds`` is kept.
+
+Printed per N and way: ``wall_s`` (first request to last chunk), ``x_one`` (that over one
+stream's wall time: the goal is 4 streams in at most 1.6x one), ``first_chunk_s`` (mean over the
+streams), ``agg_rtf`` (seconds of audio made per second, all streams together; 1.0 is real
+time), and beside them the talker and code predictor alone (``talker_ms_per_step``: one frame of
+every stream, no codec), which is where batching saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import functools
+import json
+import os
+import platform
+import time
+from typing import Any
+
+TEXT = "The quick brown fox jumps over the lazy dog near the river."
+FORMATS = {
+    "fp32": {"dtype": "float32", "quantization": "none"},
+    "bf16": {"dtype": "bfloat16", "quantization": "none"},
+    "int8": {"dtype": "float32", "quantization": "int8"},
+    "int4": {"dtype": "float32", "quantization": "int4"},
+}
+SAMPLES_PER_FRAME = 1920
+SAMPLE_RATE = 24000
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+async def run_streams(worker: Any, requests: list[Any]) -> dict[str, float]:
+    """Every request at once; wall time, mean first chunk, seconds of audio."""
+    started = time.perf_counter()
+    firsts: list[float] = []
+    samples = 0
+
+    async def one(request: Any) -> None:
+        nonlocal samples
+        first = True
+        async for chunk in worker.stream(request, lambda: False):
+            if first:
+                firsts.append(time.perf_counter() - started)
+                first = False
+            samples += len(chunk)
+
+    await asyncio.gather(*(one(r) for r in requests))
+    wall = time.perf_counter() - started
+    audio_s = samples / SAMPLE_RATE
+    return {"wall_s": wall, "first_chunk_s": sum(firsts) / max(1, len(firsts)), "audio_s": audio_s}
+
+
+def talker_step_ms(engine: Any, requests: list[Any], steps: int) -> float:
+    """ms per batched step of the talker + code predictor for these requests (no codec)."""
+    import torch
+
+    from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions
+
+    runtime, gen = engine.runtime, engine.gen
+    with torch.inference_mode():
+        seqs = []
+        for request in requests:
+            prompt, _, _, _ = engine.prepare(request)
+            seqs.append(runtime.start(prompt, DecodeOptions(max_frames=steps + 2, greedy=True, seed=None)))
+        runtime.step_batch(seqs, gen)  # the first step (warm caches)
+        started = time.perf_counter()
+        for _ in range(steps):
+            runtime.step_batch(seqs, gen)
+        return 1000 * (time.perf_counter() - started) / steps
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
+    from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
+    from s2s_daemon.tts.worker import EngineWorker
+
+    fmt = FORMATS[args.format]
+    extra = {"max_frames": str(args.frames)}
+    if args.threads:
+        extra["threads"] = str(args.threads)
+    engine = TorchQwen3Engine(
+        EngineOptions(
+            model=args.model,
+            device="cpu",
+            dtype=fmt["dtype"],
+            quantization=fmt["quantization"],
+            kernels="native",
+            extra=extra,
+        )
+    )
+    import torch
+
+    # Loaded, warmed and run on the worker's engine thread, as the daemon does: torch's intra-op
+    # thread setting belongs to the thread that made it (a frame took 0.30-0.33 s on another
+    # thread against 0.18-0.20 on the loading one, 2 threads, int8).
+    worker = EngineWorker(engine)
+    info = await worker.load()
+    await worker.warmup()
+    threads = await worker._call(torch.get_num_threads)
+    voices: list[str | None] = list(info.voices) or [None]
+    counts = [int(n) for n in args.streams.split(",")]
+    requests = {
+        n: [
+            SynthesisRequest(text=TEXT, voice=voices[i % len(voices)], language="english", chunk_frames=4, greedy=True)
+            for i in range(n)
+        ]
+        for n in counts
+    }
+    print(
+        json.dumps(
+            {
+                "date": datetime.date.today().isoformat(),
+                "cpu": cpu_name(),
+                "cores": os.cpu_count(),
+                "threads": threads,
+                "load_1min": round(os.getloadavg()[0], 2),
+                "format": args.format,
+                "frames_per_stream": args.frames,
+                "model": args.model,
+            }
+        )
+    )
+    best: dict[tuple[int, str], dict[str, float]] = {}
+    for _ in range(args.rounds):
+        for n in counts:
+            for way, size in (("batched", 4), ("interleaved", 1)):
+                engine.options.extra["max_batch"] = str(size)
+                worker._batched = None  # the worker reads max_batch again
+                result = await run_streams(worker, requests[n])
+                key = (n, way)
+                if key not in best or result["wall_s"] < best[key]["wall_s"]:
+                    best[key] = result
+    steps = {n: await worker._call(functools.partial(talker_step_ms, engine, requests[n], 8)) for n in counts}
+    one = best[(counts[0], "batched")]["wall_s"] if counts[0] == 1 else None
+    for n in counts:
+        for way in ("batched", "interleaved"):
+            r = best[(n, way)]
+            print(
+                json.dumps(
+                    {
+                        "streams": n,
+                        "way": way,
+                        "wall_s": round(r["wall_s"], 2),
+                        "x_one": round(r["wall_s"] / one, 2) if one else None,
+                        "first_chunk_s": round(r["first_chunk_s"], 2),
+                        "agg_rtf": round(r["audio_s"] / r["wall_s"], 3),
+                        "talker_ms_per_step": round(steps[n], 1) if way == "batched" else None,
+                    }
+                )
+            )
+    await worker.close()
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("model", help="checkpoint folder (e.g. a 0.6b random checkpoint from make_checkpoint)")
+    parser.add_argument("--format", choices=sorted(FORMATS), default="int8")
+    parser.add_argument("--frames", type=int, default=32, help="frames per stream")
+    parser.add_argument("--streams", default="1,2,4", help="stream counts (start with 1 for the x_one column)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0, help="intra-op threads (default: the engine's choice)")
+    return asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
