@@ -267,3 +267,36 @@ async def test_a_stream_whose_consumer_lags_is_paused_while_the_others_go_on(fp3
     assert FRAMES > STREAM_AHEAD + 1
     assert held_at is not None and STREAM_AHEAD <= held_at < FRAMES - 1
     assert np.array_equal(np.concatenate(chunks), slow_alone)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_an_integer_prompt_runs_through_the_native_stack_in_blocks(quantization: str) -> None:
+    """A prompt longer than NATIVE_STACK_ROWS with integer weights runs block by block through the
+    native stack (each block attending to what the blocks before it wrote): the same hidden states
+    as the float path within the activations' int8 rounding, and the same keys in the cache."""
+    engine = _engine(quantization=quantization)
+    try:
+        runtime = engine.runtime
+        assert runtime is not None
+        stack = runtime.talker.model
+        assert stack.native_prompt
+        with torch.inference_mode():
+            prompt = engine.prepare(_requests(engine)[2])[0].prefill
+            n = prompt.shape[1]
+            assert n > 4 * 2
+            runtime.ensure_capacity(n + 1)
+            cache = runtime.talker_cache
+            assert cache is not None
+            blocks = stack.run(prompt, runtime._cos[:n], runtime._sin[:n], cache, 0)
+            keys = cache.k[:, :, :, :n].clone()
+            stack.native_prompt = False
+            try:
+                float_path = stack.run(prompt, runtime._cos[:n], runtime._sin[:n], cache, 0)
+            finally:
+                stack.native_prompt = True
+    finally:
+        engine.close_blocking()
+    rms = float((blocks - float_path).pow(2).mean().sqrt() / float_path.pow(2).mean().sqrt())
+    assert rms < 0.05, rms
+    key_rms = float((keys - cache.k[:, :, :, :n]).pow(2).mean().sqrt() / keys.pow(2).mean().sqrt())
+    assert key_rms < 0.05, key_rms

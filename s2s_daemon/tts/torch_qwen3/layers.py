@@ -332,6 +332,9 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.native: Any = None
         """``native.Stack`` running one CPU position in C++ (set by ``native.fuse_stacks``)."""
+        self.native_prompt = False
+        """Longer inputs (a prompt) through ``native`` too, ``NATIVE_STACK_ROWS`` at a time (set by
+        ``native.fuse_stacks`` for integer weights, where that is the faster path)."""
 
     def run(
         self,
@@ -344,8 +347,24 @@ class DecoderStack(nn.Module):
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run every layer; returns the final-normed hidden states ``[1, T, hidden]``."""
-        if self.native is not None and positions is None and x.shape[1] <= NATIVE_STACK_ROWS:
+        n = x.shape[1]
+        if self.native is not None and positions is None and n <= NATIVE_STACK_ROWS:
             return self.native.run(x, cache.k, cache.v, cos, sin, start)  # type: ignore[no-any-return]
+        if self.native is not None and positions is None and self.native_prompt:
+            # A prompt block by block: each block attends to the cache the blocks before it wrote.
+            step = NATIVE_STACK_ROWS
+            blocks = [
+                self.native.run(
+                    x[:, i : i + step].contiguous(),
+                    cache.k,
+                    cache.v,
+                    cos[i : i + step].contiguous(),
+                    sin[i : i + step].contiguous(),
+                    start + i,
+                )
+                for i in range(0, n, step)
+            ]
+            return torch.cat(blocks, dim=1)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask, positions)
         return self.norm(x)  # type: ignore[no-any-return]
