@@ -354,8 +354,8 @@ class _Batch:
     Every step runs on the engine thread and is resubmitted after each frame, so other engine
     calls (memory figures, closing a stream) wait at most one step. Up to ``size`` streams are
     open at once (their KV caches live), one more opened (prefilled) per step; a later one
-    waits for a place. A stream
-    whose consumer is ``STREAM_AHEAD`` chunks behind is left out of the steps until it catches up.
+    waits for a place. A stream whose consumer is ``STREAM_AHEAD`` chunks behind is left out of
+    the steps until it catches up.
     """
 
     def __init__(self, engine: BatchEngine, submit: Callable[[Callable[[], None]], None], size: int) -> None:
