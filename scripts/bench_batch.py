@@ -26,7 +26,6 @@ import datetime
 import functools
 import json
 import os
-import platform
 import time
 from typing import Any
 
@@ -39,17 +38,6 @@ FORMATS = {
 }
 SAMPLES_PER_FRAME = 1920
 SAMPLE_RATE = 24000
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 async def run_streams(worker: Any, requests: list[Any]) -> dict[str, float]:
@@ -93,6 +81,7 @@ def talker_step_ms(engine: Any, requests: list[Any], steps: int) -> float:
 
 
 async def main_async(args: argparse.Namespace) -> int:
+    from s2s_daemon.bench.report import machine_info
     from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
     from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
     from s2s_daemon.tts.worker import EngineWorker
@@ -133,7 +122,7 @@ async def main_async(args: argparse.Namespace) -> int:
         json.dumps(
             {
                 "date": datetime.date.today().isoformat(),
-                "cpu": cpu_name(),
+                "cpu": machine_info()["cpu"],
                 "cores": os.cpu_count(),
                 "threads": threads,
                 "load_1min": round(os.getloadavg()[0], 2),

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
 import resource
 import subprocess
@@ -74,19 +73,6 @@ def rss_mib() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024.0
     return float("nan")
-
-
-def machine() -> str:
-    model = ""
-    try:
-        model = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        model = platform.processor()
-    return f"{model}, {os.cpu_count()} cores"
 
 
 # -- one round, in its own process ---------------------------------------------------------------
@@ -161,7 +147,7 @@ async def _round(args: argparse.Namespace) -> dict[str, Any]:
     sink = ChunkSink()
     events = Events()
     template = SynthesisRequest(text="", voice=None, language="auto", seed=1, greedy=True)
-    pipeline = build_pipeline(config, worker, info, sink, events, max_pending=4, template=template)  # type: ignore[arg-type]
+    pipeline = build_pipeline(config, worker, info, sink, events, max_pending=4, template=template)
     run = asyncio.create_task(pipeline.run())
     ledger = pipeline.ledger
     voice = info.voices[0] if info.voices else None
@@ -308,7 +294,13 @@ def main() -> int:
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
         print(json.dumps(asyncio.run(_round(args))))
         return 0
-    print(f"# bench_stream {time.strftime('%Y-%m-%d %H:%M')} on {machine()}, load {os.getloadavg()[0]:.2f}")
+    from s2s_daemon.bench.report import machine_info
+
+    cpu = machine_info()
+    print(
+        f"# bench_stream {time.strftime('%Y-%m-%d %H:%M')} on {cpu['cpu']}, {cpu['logical_cores']} cores, "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
     print(
         f"# model {args.model}, torch {args.quantization}, 2 threads, {args.tokens_per_s:g} tokens/s,"
         f" at most {args.max_frames} frames a sentence, audio.gapless {not args.no_gapless}"
