@@ -545,15 +545,13 @@ class TorchQwen3Engine:
         keeps the chunks it completed for ``Synthesis.take``."""
         runtime, gen = self.runtime, self.gen
         assert runtime is not None and gen is not None
-        together = [s for s in batch if s.sequence is not None and not s.done]
+        for synthesis in batch:
+            if synthesis.sequence is not None and not synthesis.done and synthesis.should_stop():
+                synthesis.stop()
+        together = [(s, s.sequence) for s in batch if s.sequence is not None and not s.done]
         if together:
-            for synthesis in together:
-                if synthesis.should_stop():
-                    synthesis.stop()
-            together = [s for s in together if not s.done]
-        if together:
-            rows = runtime.step_batch([s.sequence for s in together if s.sequence is not None], gen)
-            for synthesis, row in zip(together, rows, strict=True):
+            rows = runtime.step_batch([sequence for _, sequence in together], gen)
+            for (synthesis, _), row in zip(together, rows, strict=True):
                 synthesis.add(row)
         for synthesis in batch:
             if synthesis.rows is not None and not synthesis.done:

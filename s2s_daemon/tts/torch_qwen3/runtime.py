@@ -186,6 +186,24 @@ class TalkerRuntime:
             codes[step + 1 : step + 2].copy_(code[0])
             self.frame_embeds[0, step + 1 : step + 2].copy_(cp_tables[step](code[0]))
 
+    def _code0(
+        self,
+        logits: torch.Tensor,
+        seen: torch.Tensor,
+        step: int,
+        gen: GenerationSettings,
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor | None:
+        """Codebook 0 of frame ``step`` (``[1, 1]``, marked in ``seen``), or None at end of speech."""
+        logits = apply_repetition_penalty(logits, seen, gen.repetition_penalty)
+        mask = self.suppress_early if step < MIN_NEW_TOKENS else self.suppress
+        code0 = choose(logits.masked_fill(mask, float("-inf")), gen.talker, greedy, generator)
+        if int(code0) == self.cfg.talker.codec_eos_id:
+            return None
+        seen.scatter_(1, code0, True)
+        return code0
+
     # -- the loop ----------------------------------------------------------------------------
     def frames(
         self,
@@ -218,13 +236,9 @@ class TalkerRuntime:
         for step in range(budget):
             if probe is not None:
                 probe.talker_logits(step, logits)
-            logits = apply_repetition_penalty(logits, seen, gen.repetition_penalty)
-            mask = self.suppress_early if step < MIN_NEW_TOKENS else self.suppress
-            logits = logits.masked_fill(mask, float("-inf"))
-            code0 = choose(logits, gen.talker, options.greedy, generator)
-            if int(code0) == tc.codec_eos_id:
+            code0 = self._code0(logits, seen, step, gen, options.greedy, generator)
+            if code0 is None:
                 return
-            seen.scatter_(1, code0, True)
             row = codes[step]
             row[0:1].copy_(code0[0])
             self.predict_frame(hidden, row, gen.predictor, options.greedy, generator, step)
@@ -278,19 +292,15 @@ class TalkerRuntime:
     def step_batch(self, seqs: list[Sequence], gen: GenerationSettings) -> list[torch.Tensor | None]:
         """One frame of every unfinished sequence, their rows together; per sequence its ``[G]`` row
         (valid until its next step), or None when it ended (end of speech) or was already done."""
-        eos = self.cfg.talker.codec_eos_id
         out: list[torch.Tensor | None] = [None] * len(seqs)
         live: list[tuple[int, Sequence, torch.Tensor]] = []
         for i, seq in enumerate(seqs):
             if seq.done:
                 continue
-            logits = apply_repetition_penalty(seq.logits, seq.seen, gen.repetition_penalty)
-            mask = self.suppress_early if seq.step < MIN_NEW_TOKENS else self.suppress
-            code0 = choose(logits.masked_fill(mask, float("-inf")), gen.talker, seq.options.greedy, seq.generator)
-            if int(code0) == eos:
+            code0 = self._code0(seq.logits, seq.seen, seq.step, gen, seq.options.greedy, seq.generator)
+            if code0 is None:
                 seq.done = True
                 continue
-            seq.seen.scatter_(1, code0, True)
             row = seq.codes[seq.step]
             row[0:1].copy_(code0[0])
             live.append((i, seq, row))
