@@ -9,6 +9,9 @@ engine, warms up (2 frames), then synthesizes a ten-word sentence with a fixed f
 
 - ``ttfa_ms``: from the synthesize call to a first chunk of 4 frames (prefill + 4 frames + decode);
   ``ttfa1_ms`` the same with a one-frame first chunk (``first_chunk_frames: "1"``, the default);
+  ``ttfa1_streamed_ms`` that with the text fed step by step (``text_streaming: "1"``);
+- ``prefill_ms``: the talker's prefill of the sentence's prompt; ``codec_ms_per_frame``: the codec
+  decoder per frame in a 4-frame chunk (its second, so its state is warm);
 - ``audio_fps``: codec frames per second of the whole stream, codec decoding included
   (real time is 12.5);
 - ``talker_fps``: frames per second of the talker + code predictor alone (no codec);
@@ -90,6 +93,29 @@ def weight_bytes_per_frame(engine: Any) -> int:
     return per_frame + (groups - 1) * per_group
 
 
+def split_ms(engine: Any, request: Any, codes: Any) -> tuple[float, float]:
+    """(seconds of the prompt's prefill, seconds per frame of the codec decoder in 4-frame chunks)."""
+    import torch
+
+    from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions
+
+    with torch.inference_mode():
+        prompt = engine.prepare(request)[0]
+        t0 = time.perf_counter()
+        engine.runtime.start(prompt, DecodeOptions(max_frames=codes.shape[0], greedy=True, seed=None))
+        prefill = time.perf_counter() - t0
+        stream = engine.codec.stream()
+        chunk = codes[4:8]
+        if len(chunk) == 4:
+            stream.push(codes[:4])
+        else:  # fewer than 8 frames (--frames): the first 4, cold
+            chunk = codes[:4]
+        t0 = time.perf_counter()
+        stream.push(chunk)
+        codec = (time.perf_counter() - t0) / max(1, len(chunk))
+    return prefill, codec
+
+
 def run_one(model: str, fmt: str, frames: int, threads: int) -> dict[str, Any]:
     import torch
 
@@ -129,10 +155,18 @@ def run_one(model: str, fmt: str, frames: int, threads: int) -> dict[str, Any]:
     for _chunk in engine.synthesize_blocking(request, lambda: False):
         break
     ttfa1 = time.perf_counter() - t0
+    # The same with the text fed step by step (tts.options.text_streaming: "1"): a shorter prompt.
+    engine.options.extra["text_streaming"] = "1"
+    t0 = time.perf_counter()
+    for _chunk in engine.synthesize_blocking(request, lambda: False):
+        break
+    ttfa1_streamed = time.perf_counter() - t0
+    engine.options.extra.pop("text_streaming")
     engine.options.extra["first_chunk_frames"] = "4"
     t0 = time.perf_counter()
     codes = engine.codes_blocking(request, max_frames=frames)
     talker_s = time.perf_counter() - t0
+    prefill_s, codec_s = split_ms(engine, request, codes)
     bytes_per_frame = weight_bytes_per_frame(engine)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
@@ -142,6 +176,9 @@ def run_one(model: str, fmt: str, frames: int, threads: int) -> dict[str, Any]:
         "frames": got_frames,
         "ttfa_ms": round(1000 * (first or 0.0), 0),
         "ttfa1_ms": round(1000 * ttfa1, 0),
+        "ttfa1_streamed_ms": round(1000 * ttfa1_streamed, 0),
+        "prefill_ms": round(1000 * prefill_s, 0),
+        "codec_ms_per_frame": round(1000 * codec_s, 1),
         "audio_fps": round(got_frames / total, 2),
         "talker_fps": round(codes.shape[0] / talker_s, 2),
         "peak_rss_mib": round(peak_kib / 1024, 0),
@@ -180,7 +217,8 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row))
     print()
-    header = ("format", "ttfa_ms", "ttfa1_ms", "audio_fps", "audio_ms_per_frame", "qwentts_cpp_ms", "ms_per_frame",
+    header = ("format", "ttfa_ms", "ttfa1_ms", "ttfa1_streamed_ms", "prefill_ms", "codec_ms_per_frame",
+              "audio_fps", "audio_ms_per_frame", "qwentts_cpp_ms", "ms_per_frame",
               "floor_ms", "weight_mib_per_frame", "peak_rss_mib", "load_s")  # fmt: skip
     print(" | ".join(header))
     for row in rows:

@@ -66,9 +66,9 @@ MAX_BATCH = 4
 """Requests decoded together on the native kernels: their decoding kernels take up to 4 rows."""
 FIRST_CHUNK_FRAMES = 1
 """Frames of an utterance's first chunk (``extra['first_chunk_frames']``; later chunks are
-``chunk_frames``): on the 2-core CPU the first chunk came 0.3-0.5 s sooner than with 4 frames
-(0.6B int8, 2 threads; 2 December 2026) and the whole stream took no longer (the codec decoder
-is exact in any chunking)."""
+``chunk_frames``): ``scripts/bench_torch.py`` (the 2-core Intel Xeon, 0.6B int8, 2 threads,
+2 December 2026) had it after 506-551 ms against 993-1,052 for 4 frames; the codec decoder is
+exact in any chunking, so the audio is the same."""
 FRAMES_PER_TOKEN = 8
 SAMPLE_RATE = 24000
 
@@ -84,9 +84,10 @@ def cpu_threads() -> int:
     one (kept for the event loop, audio and the OS); never more than torch's own default
     (``OMP_NUM_THREADS`` when set).
 
-    Measured on a quiet 2-core box (2 December 2026, 0.6B int8, ten-word sentence): 2 threads made
-    a frame with audio in 0.15-0.19 s against 0.27-0.36 s with 1, and the first one-frame chunk
-    came after 0.66-0.76 s against 1.18-1.37 s. On a box whose other core is busy with another
+    ``scripts/bench_torch.py --threads 2`` against ``--threads 1`` on a quiet 2-core box (the
+    Intel Xeon with AVX-512, 2 December 2026, 0.6B int8, ten-word sentence, two runs each): a
+    frame with audio in 178-193 ms against 296-346, the first one-frame chunk after 506-551 ms
+    against 884-1,014. On a box whose other core is busy with another
     process, OpenMP's workers wait for it (earlier, on a shared CI box, 1 thread was 2.4x faster
     than 2): there, ``tts.options.threads: "1"``.
     """
