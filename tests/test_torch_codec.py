@@ -172,6 +172,44 @@ def test_streaming_state_stays_bounded() -> None:
     assert st.frames == 60
 
 
+def test_streaming_state_holds_no_view_of_a_chunk() -> None:
+    """The carried state is what the next push needs, not views keeping a whole chunk's activations
+    alive: its storage after a 32-frame push equals its storage after a 1-frame push."""
+    dec = _small_decoder(torch.float32)
+    codes = _codes(80, SMALL.codebook_size)
+
+    def storage_bytes(st: Any) -> int:
+        total = 0
+        for value in st._state.values():
+            items = value if isinstance(value, tuple) else (value,)
+            total += sum(v.untyped_storage().nbytes() for v in items if isinstance(v, torch.Tensor))
+        return total
+
+    small, large = dec.stream(), dec.stream()
+    small.push(codes[:40])
+    large.push(codes[:40])
+    small.push(codes[40:41])
+    large.push(codes[40:72])
+    assert storage_bytes(large) == storage_bytes(small) == small.state_bytes() == large.state_bytes()
+
+
+def test_a_copied_stream_continues_exactly_and_alone() -> None:
+    """``copy`` (a voice's reference decoded once): the copy's audio equals the original's had it
+    gone on, bit for bit, and pushing into one leaves the other untouched."""
+    dec = _small_decoder(torch.float32)
+    codes = _codes(40, SMALL.codebook_size)
+    st = dec.stream()
+    st.push(codes[:20])
+    twin = st.copy()
+    assert twin.frames == 20
+    other = twin.copy()
+    other.push(codes[30:40])  # a different continuation: must not leak into ``twin`` or ``st``
+    from_copy = torch.cat([twin.push(codes[i : i + 4]) for i in range(20, 32, 4)])
+    from_original = torch.cat([st.push(codes[i : i + 4]) for i in range(20, 32, 4)])
+    assert torch.equal(from_copy, from_original)
+    assert torch.allclose(torch.cat([dec.decode(codes[:32])[20 * 48 :]]), from_original, atol=1e-4)
+
+
 def test_decoder_rejects_bad_codes() -> None:
     dec = _small_decoder(torch.float32)
     with pytest.raises(ValueError, match="codes must be"):

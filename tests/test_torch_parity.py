@@ -214,3 +214,42 @@ def test_streamed_waveform_matches_official(case: str, engines: dict[str, TorchQ
     rms = float(np.sqrt(np.mean((wav - expected) ** 2)))
     assert float(err.max()) <= WAV_ATOL, f"max abs error {float(err.max()):.3g}"
     assert rms <= WAV_RMS, f"rms error {rms:.3g}"
+
+
+@pytest.mark.skipif("base_icl" not in CASES, reason="no base_icl golden in tests/fixtures/qwen3_tiny/golden")
+def test_a_kept_reference_is_not_decoded_again_and_speaks_the_same(
+    engines: dict[str, TorchQwen3Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The codec decodes an ICL reference's frames (its left context) once: a second request with
+    the same recording continues from a copy of that stream, and its audio is the first's, bit for bit."""
+    from s2s_daemon.tts.torch_qwen3.codec import StreamingDecodeState
+
+    meta, gold = _load("base_icl")
+    engine = _engine(engines, meta["kind"])
+    request, text_streaming = _request(meta)
+    if engine.speaker_encoder is None:
+        pytest.skip("speaker/codec encoders not available in this build")
+    pushed: list[int] = []
+    push = StreamingDecodeState.push
+
+    def counting(self: StreamingDecodeState, codes: torch.Tensor) -> torch.Tensor:
+        pushed.append(int(codes.shape[0]))
+        return push(self, codes)
+
+    monkeypatch.setattr(StreamingDecodeState, "push", counting)
+    engine.ref_streams.clear()
+    engine.options.extra["max_frames"] = "6"
+    engine.options.extra["text_streaming"] = "true" if text_streaming else "false"
+    try:
+        first = np.concatenate(list(engine.synthesize_blocking(request, lambda: False)))
+        first_pushes = list(pushed)
+        pushed.clear()
+        second = np.concatenate(list(engine.synthesize_blocking(request, lambda: False)))
+    finally:
+        engine.options.extra.pop("max_frames", None)
+        engine.options.extra.pop("text_streaming", None)
+    ref_frames = int(gold["ref_code"].shape[0])
+    assert first_pushes[0] == ref_frames and len(engine.ref_streams) == 1
+    assert ref_frames not in pushed and sum(pushed) == 6  # only the request's own frames
+    assert np.array_equal(first, second)
+    assert np.abs(first - gold["wav"].reshape(-1)[: first.shape[0]]).max() <= WAV_ATOL

@@ -232,7 +232,8 @@ class CausalConv1d(nn.Module):
         if past is None:
             past = x.new_zeros(x.shape[0], x.shape[1], self.context)
         full = torch.cat([past, x], dim=-1)
-        state[id(self)] = full[..., -self.context :]
+        # A copy: a view would keep the whole chunk's input alive until the next push.
+        state[id(self)] = full[..., -self.context :].clone()
         return self._conv(full)
 
 
@@ -308,7 +309,7 @@ class CausalConvTranspose1d(nn.Module):
         if past is None:
             past = x.new_zeros(x.shape[0], x.shape[1], self.context)
         full = torch.cat([past, x], dim=-1)
-        state[id(self)] = full[..., -self.context :]
+        state[id(self)] = full[..., -self.context :].clone()
         y = self._transpose_conv(full)
         start = self.context * self.stride
         out = y[..., start : start + n * self.stride]
@@ -439,7 +440,7 @@ class _Attention(nn.Module):
                 v = torch.cat([pv, v], dim=2)
                 kpos = torch.cat([ppos, pos])
             keep = self.window - 1
-            state[id(self)] = (k[:, :, -keep:], v[:, :, -keep:], kpos[-keep:])
+            state[id(self)] = (k[:, :, -keep:].clone(), v[:, :, -keep:].clone(), kpos[-keep:].clone())
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k = k.repeat_interleave(rep, dim=1)
@@ -760,9 +761,35 @@ class StreamingDecodeState:
         self.frames += c.shape[-1]
         return dec._run(c, self._state)[0]
 
+    def copy(self) -> StreamingDecodeState:
+        """An independent stream that continues from exactly this point (the state's tensors copied):
+        a voice's reference frames are decoded once, and each request continues from a copy."""
+        twin = StreamingDecodeState(self._decoder)
+        twin._state = {key: _copied(value) for key, value in self._state.items()}
+        twin.frames = self.frames
+        return twin
+
+    def state_bytes(self) -> int:
+        """Bytes of the tensors the stream carries between pushes."""
+        total = 0
+        for value in self._state.values():
+            for item in value if isinstance(value, tuple) else (value,):
+                if isinstance(item, Tensor):
+                    total += item.numel() * item.element_size()
+        return total
+
     def flush(self) -> Tensor:
         """Nothing is held back (no look-ahead), so this is always empty."""
         return torch.zeros(0, device=self._decoder._device(), dtype=self._decoder.pre_conv.conv.weight.dtype)
+
+
+def _copied(value: Any) -> Any:
+    """A streaming state's value with its tensors cloned (tensors, tuples of them, or plain ints)."""
+    if isinstance(value, Tensor):
+        return value.clone()
+    if isinstance(value, tuple):
+        return tuple(_copied(item) for item in value)
+    return value
 
 
 def _read_decoder(path: Path, model: CodecDecoder, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:

@@ -22,9 +22,11 @@ else ``$S2S_VOICE_CACHE``, else ``$XDG_CACHE_HOME/s2s-daemon/voices``), ``off`` 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import wave
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,11 @@ FIRST_CHUNK_FRAMES = 1
 exact in any chunking, so the audio is the same."""
 FRAMES_PER_TOKEN = 8
 SAMPLE_RATE = 24000
+REF_STREAMS = 4
+"""References (ICL cloning) whose decoded codec state is kept: the decoder needs a reference's frames
+as left context before a request's own, and decoding them took 2.7-3.3 s for a 5 s recording
+(62 frames, the 2-core Xeon, 2 threads); a request with a kept reference continues from a copy
+(a few MB). Oldest dropped first."""
 
 
 def frame_budget(text_tokens: int, max_new_tokens: int, cap: int | None = None) -> int:
@@ -173,6 +180,8 @@ class TorchQwen3Engine:
         self.speaker_encoder: Any = None
         self.clone_prompts: ClonePromptCache | None = None
         """Speaker embeddings and reference codes already computed (Base models)."""
+        self.ref_streams: OrderedDict[tuple[tuple[int, ...], bytes], Any] = OrderedDict()
+        """Codec streams that decoded a reference's frames (``REF_STREAMS``), by the frames' shape and digest."""
         self.folder: Path | None = None
         self.device = torch.device("cpu")
         self.dtype = torch.float32
@@ -433,6 +442,7 @@ class TorchQwen3Engine:
         self.speech_encoder = None
         self.speaker_encoder = None
         self.clone_prompts = None
+        self.ref_streams.clear()
         self.tokenizer = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -570,9 +580,7 @@ class TorchQwen3Engine:
         chunk = max(1, int(request.chunk_frames))
         # A one-frame first chunk gets the first sound out sooner; later chunks are full size.
         first = max(1, min(chunk, self._extra_int("first_chunk_frames") or FIRST_CHUNK_FRAMES))
-        stream = self.codec.stream()
-        if ref_codes is not None and ref_codes.shape[0] > 0:
-            stream.push(ref_codes.to(self.device))  # left context for the decoder; the reference audio is not played
+        stream = self._codec_stream(ref_codes)
         options = DecodeOptions(max_frames=budget, greedy=request.greedy, seed=request.seed)
         synthesis = Synthesis(stream, first, chunk, budget, should_stop)
         if batched:
@@ -583,6 +591,24 @@ class TorchQwen3Engine:
         else:
             synthesis.rows = iter(runtime.frames(prompt, gen, options, should_stop))
         return synthesis
+
+    def _codec_stream(self, ref_codes: torch.Tensor | None) -> Any:
+        """A codec stream for a request: fresh, or one that decoded the reference's frames (the
+        decoder's left context; that audio is not played), from ``ref_streams`` when kept."""
+        if ref_codes is None or ref_codes.shape[0] == 0:
+            return self.codec.stream()
+        frames = ref_codes.to(device="cpu", dtype=torch.long).contiguous()
+        digest = (tuple(frames.shape), hashlib.blake2b(frames.numpy().tobytes(), digest_size=16).digest())
+        kept = self.ref_streams.get(digest)
+        if kept is None:
+            kept = self.codec.stream()
+            kept.push(ref_codes.to(self.device))
+            self.ref_streams[digest] = kept
+            while len(self.ref_streams) > REF_STREAMS:
+                self.ref_streams.popitem(last=False)
+        else:
+            self.ref_streams.move_to_end(digest)
+        return kept.copy()
 
 
 class Synthesis:
