@@ -9,8 +9,11 @@ engine, warms up (2 frames), then synthesizes a ten-word sentence with a fixed f
 
 - ``ttfa_ms``: from the synthesize call to a first chunk of 4 frames (prefill + 4 frames + decode);
   ``ttfa1_ms`` the same with a one-frame first chunk (``first_chunk_frames: "1"``, the default);
-  ``ttfa1_streamed_ms`` that with the text fed step by step (``text_streaming: "1"``);
-- ``prefill_ms``: the talker's prefill of the sentence's prompt; ``codec_ms_per_frame``: the codec
+  ``ttfa1_streamed_ms`` that with the text fed step by step (``text_streaming: "1"``); these three
+  with no prompt kept (the prefix cache emptied first, ``runtime.PrefixCache``);
+- ``ttfa1_voice_ms``: ``ttfa1_ms`` for the sentence right after another one in the same voice (its
+  first positions kept: the daemon's usual case); ``ttfa1_again_ms``: the same sentence again;
+- ``prefill_ms``: the talker's prefill of the sentence's prompt, none kept; ``codec_ms_per_frame``: the codec
   decoder per frame in a 4-frame chunk (its second, so its state is warm);
 - ``audio_fps``: codec frames per second of the whole stream, codec decoding included
   (real time is 12.5);
@@ -32,10 +35,13 @@ import resource
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river."
+OTHER_TEXT = "A gentle breeze moved across the quiet harbor this morning."
+"""Spoken before ``TEXT`` in the same voice for ``ttfa1_voice_ms``."""
 FORMATS = {
     "fp32": {"dtype": "float32", "quantization": "none", "kernels": "native"},
     "bf16": {"dtype": "bfloat16", "quantization": "none", "kernels": "native"},
@@ -101,6 +107,8 @@ def split_ms(engine: Any, request: Any, codes: Any) -> tuple[float, float]:
 
     with torch.inference_mode():
         prompt = engine.prepare(request)[0]
+        if engine.runtime.prefixes is not None:
+            engine.runtime.prefixes.clear()  # the whole prompt, none of it kept
         t0 = time.perf_counter()
         engine.runtime.start(prompt, DecodeOptions(max_frames=codes.shape[0], greedy=True, seed=None))
         prefill = time.perf_counter() - t0
@@ -140,6 +148,20 @@ def run_one(model: str, fmt: str, frames: int, threads: int) -> dict[str, Any]:
     engine.warmup_blocking()
     request = SynthesisRequest(text=TEXT, voice=info.voices[0] if info.voices else None, language="english",
                                chunk_frames=4, greedy=True)  # fmt: skip
+    prefixes = engine.runtime.prefixes if engine.runtime is not None else None
+
+    def cold() -> None:
+        """Forget the kept prompts (runtime.PrefixCache): the next prompt runs whole."""
+        if prefixes is not None:
+            prefixes.clear()
+
+    def first_chunk_s(req: Any) -> float:
+        t0 = time.perf_counter()
+        for _chunk in engine.synthesize_blocking(req, lambda: False):
+            break
+        return time.perf_counter() - t0
+
+    cold()
     t0 = time.perf_counter()
     first: float | None = None
     samples = 0
@@ -151,18 +173,22 @@ def run_one(model: str, fmt: str, frames: int, threads: int) -> dict[str, Any]:
     got_frames = samples // 1920
     # Time to a one-frame first chunk (tts.options.first_chunk_frames: "1"), the latency setting.
     engine.options.extra["first_chunk_frames"] = "1"
-    t0 = time.perf_counter()
-    for _chunk in engine.synthesize_blocking(request, lambda: False):
-        break
-    ttfa1 = time.perf_counter() - t0
-    # The same with the text fed step by step (tts.options.text_streaming: "1"): a shorter prompt.
+    cold()
+    ttfa1 = first_chunk_s(request)
+    # A new sentence in a voice that has spoken (the daemon's usual case): the prompt's first
+    # positions (role, language and speaker tags) come from the prefix cache.
+    cold()
+    first_chunk_s(replace(request, text=OTHER_TEXT))
+    ttfa1_voice = first_chunk_s(request)
+    # The same sentence said again: all of the prompt but its last position is kept.
+    ttfa1_again = first_chunk_s(request)
+    # The text fed step by step (tts.options.text_streaming: "1"): a shorter prompt; cold.
     engine.options.extra["text_streaming"] = "1"
-    t0 = time.perf_counter()
-    for _chunk in engine.synthesize_blocking(request, lambda: False):
-        break
-    ttfa1_streamed = time.perf_counter() - t0
+    cold()
+    ttfa1_streamed = first_chunk_s(request)
     engine.options.extra.pop("text_streaming")
     engine.options.extra["first_chunk_frames"] = "4"
+    cold()
     t0 = time.perf_counter()
     codes = engine.codes_blocking(request, max_frames=frames)
     talker_s = time.perf_counter() - t0
@@ -176,6 +202,8 @@ def run_one(model: str, fmt: str, frames: int, threads: int) -> dict[str, Any]:
         "frames": got_frames,
         "ttfa_ms": round(1000 * (first or 0.0), 0),
         "ttfa1_ms": round(1000 * ttfa1, 0),
+        "ttfa1_voice_ms": round(1000 * ttfa1_voice, 0),
+        "ttfa1_again_ms": round(1000 * ttfa1_again, 0),
         "ttfa1_streamed_ms": round(1000 * ttfa1_streamed, 0),
         "prefill_ms": round(1000 * prefill_s, 0),
         "codec_ms_per_frame": round(1000 * codec_s, 1),
@@ -217,8 +245,8 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row))
     print()
-    header = ("format", "ttfa_ms", "ttfa1_ms", "ttfa1_streamed_ms", "prefill_ms", "codec_ms_per_frame",
-              "audio_fps", "audio_ms_per_frame", "qwentts_cpp_ms", "ms_per_frame",
+    header = ("format", "ttfa_ms", "ttfa1_ms", "ttfa1_voice_ms", "ttfa1_again_ms", "ttfa1_streamed_ms", "prefill_ms",
+              "codec_ms_per_frame", "audio_fps", "audio_ms_per_frame", "qwentts_cpp_ms", "ms_per_frame",
               "floor_ms", "weight_mib_per_frame", "peak_rss_mib", "load_s")  # fmt: skip
     print(" | ".join(header))
     for row in rows:

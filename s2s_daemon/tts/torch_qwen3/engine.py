@@ -16,6 +16,8 @@ spends about 0.2-0.3 s per BPE token (English word pieces, CJK characters), so t
 ``EngineOptions.extra['max_frames']`` lowers it further (tests, benchmarks).
 ``EngineOptions.extra['first_chunk_frames']``: frames of the first chunk (default 1: sooner first
 audio; later chunks keep ``chunk_frames``).
+``EngineOptions.extra['prefix_cache_rows']``: prompt positions whose talker keys and values are kept
+for the prompts that begin the same way (``runtime.PrefixCache``; default ``PREFIX_ROWS``, ``0``: off).
 ``EngineOptions.extra['voice_cache']``: the folder of computed clone prompts (``clone_cache.py``;
 else ``$S2S_VOICE_CACHE``, else ``$XDG_CACHE_HOME/s2s-daemon/voices``), ``off`` for memory only.
 """
@@ -58,7 +60,7 @@ from s2s_daemon.tts.torch_qwen3.config import (
 )
 from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout, no_weight_init, small_batch_linears
 from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings, PromptTokens, build_embeddings, codec_prefix, tokenize
-from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, Sequence, TalkerRuntime
+from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, PrefixCache, Sequence, TalkerRuntime
 from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights
 
 log = structlog.get_logger(__name__)
@@ -225,6 +227,9 @@ class TorchQwen3Engine:
         if cfg.mode == "base":
             self._load_clone_encoders(folder, device, dtype)
         runtime = TalkerRuntime(weights, cfg, device, dtype)
+        prefix_rows = self._extra_int("prefix_cache_rows")
+        if prefix_rows is not None:
+            runtime.prefixes = PrefixCache(prefix_rows) if prefix_rows > 0 else None
         if device.type == "cuda" and self.options.extra.get("cuda_graphs", "true").lower() not in ("0", "false", "no"):
             from s2s_daemon.tts.torch_qwen3.graphs import CudaGraphSteps
 

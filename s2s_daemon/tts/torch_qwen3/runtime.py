@@ -66,6 +66,81 @@ class Sequence:
     """End of speech, or the budget spent: no more frames."""
 
 
+PREFIX_ROWS = 128
+"""Prompt positions whose talker keys and values are kept for later prompts (``PrefixCache``):
+229 KB each for the released talkers in float32 (28 layers, 8 KV heads of 128), 29 MB in all."""
+
+
+@dataclass(eq=False, slots=True)
+class _KeptPrompt:
+    embeds: torch.Tensor
+    """``[L, hidden]``: the prompt's first L positions."""
+    k: torch.Tensor
+    """``[layers, 1, kv_heads, L, head_dim]``: their keys (``v`` their values)."""
+    v: torch.Tensor
+
+
+class PrefixCache:
+    """The talker's keys and values of recent prompts, for the prompts that begin the same way.
+
+    A prompt starts with positions that depend only on the voice (the role tokens and the codec's
+    language and speaker tags; an instruction; an ICL reference's transcript), and a sentence said
+    again repeats all of them. A position's keys and values depend on it and the positions before it
+    alone, so a new prompt takes those of its longest common beginning with a kept one and runs only
+    the rest: the same arithmetic, done once. Prompts are compared position by position, exactly.
+    Holds at most ``rows`` positions in all, the most recently used prompts first.
+    """
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.entries: list[_KeptPrompt] = []
+        """Oldest first."""
+        self.reused = 0
+        """Positions taken from kept prompts so far (tests, logs)."""
+
+    @staticmethod
+    def _common(kept: torch.Tensor, embeds: torch.Tensor) -> int:
+        n = min(kept.shape[0], embeds.shape[0])
+        same = (kept[:n] == embeds[:n]).all(dim=-1)
+        differ = (~same).nonzero()
+        return n if differ.numel() == 0 else int(differ[0, 0])
+
+    def restore(self, embeds: torch.Tensor, cache: KVCache) -> int:
+        """Copy into ``cache`` the positions that ``embeds`` ``[L, hidden]`` shares with the kept
+        prompt it shares most with; returns how many (at most L - 1: the last one's output is needed)."""
+        best, length = None, 0
+        for entry in self.entries:
+            m = self._common(entry.embeds, embeds)
+            if m > length:
+                best, length = entry, m
+        length = min(length, embeds.shape[0] - 1)
+        if best is None or length <= 0:
+            return 0
+        cache.k[:, :, :, :length].copy_(best.k[:, :, :, :length])
+        cache.v[:, :, :, :length].copy_(best.v[:, :, :, :length])
+        self.entries.remove(best)
+        self.entries.append(best)
+        self.reused += length
+        return length
+
+    def keep(self, embeds: torch.Tensor, cache: KVCache) -> None:
+        """Keep the first positions (up to ``rows``) of the prompt ``embeds`` just run into ``cache``."""
+        n = min(embeds.shape[0], self.rows)
+        if n <= 0:
+            return
+        for entry in self.entries:
+            if entry.embeds.shape[0] >= n and self._common(entry.embeds, embeds[:n]) == n:
+                return  # already kept (restore made it the most recent)
+        # A kept prompt this one begins with is superseded by it.
+        self.entries = [e for e in self.entries if self._common(e.embeds, embeds[:n]) < e.embeds.shape[0]]
+        self.entries.append(_KeptPrompt(embeds[:n].clone(), cache.k[:, :, :, :n].clone(), cache.v[:, :, :, :n].clone()))
+        while sum(e.embeds.shape[0] for e in self.entries) > self.rows:
+            self.entries.pop(0)
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
 class DecodeProbe:
     """Receives raw float32 logits as they are computed (parity tests, diagnostics)."""
 
@@ -108,6 +183,8 @@ class TalkerRuntime:
         """A ``graphs.CudaGraphSteps`` when CUDA graphs are enabled."""
         self.probe: DecodeProbe | None = None
         """Test/diagnostic hook that sees raw logits; None in service."""
+        self.prefixes: PrefixCache | None = PrefixCache(PREFIX_ROWS)
+        """Keys and values of recent prompts' beginnings; None runs every prompt whole."""
 
     # -- positions ---------------------------------------------------------------------------
     def ensure_capacity(self, positions: int) -> None:
@@ -129,10 +206,19 @@ class TalkerRuntime:
     def prefill(self, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the prompt; returns (float32 logits ``[1, V]``, normed hidden ``[1, 1, H]``)."""
         assert self.talker_cache is not None
-        n = embeds.shape[1]
-        h = self.talker.model.run(embeds, self._cos[:n], self._sin[:n], self.talker_cache, 0)
-        last = h[:, -1:]
+        last = self._run_prompt(embeds, self.talker_cache)
         return self.talker.codec_head(last)[:, 0].float(), last
+
+    def _run_prompt(self, embeds: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """The prompt ``embeds`` ``[1, L, H]`` into ``cache`` from position 0, its beginning from
+        ``prefixes`` where kept; returns the last position's normed hidden ``[1, 1, H]``."""
+        n = embeds.shape[1]
+        prefixes = self.prefixes
+        done = prefixes.restore(embeds[0], cache) if prefixes is not None else 0
+        h = self.talker.model.run(embeds[:, done:], self._cos[done:n], self._sin[done:n], cache, done)
+        if prefixes is not None:
+            prefixes.keep(embeds[0], cache)
+        return h[:, -1:]
 
     def talker_step(self, x: torch.Tensor, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One talker position ``x`` ``[1, 1, H]`` at ``pos``; returns (logits, hidden)."""
@@ -271,8 +357,7 @@ class TalkerRuntime:
         n = prompt.prefill.shape[1]
         self._ensure_rope(n + budget + 1)
         cache = KVCache(tc.decoder, n + budget + 1, self.device, self.dtype)
-        h = self.talker.model.run(prompt.prefill, self._cos[:n], self._sin[:n], cache, 0)
-        last = h[:, -1:]
+        last = self._run_prompt(prompt.prefill, cache)
         return Sequence(
             prompt=prompt,
             options=options,
