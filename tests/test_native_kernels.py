@@ -190,6 +190,41 @@ def test_native_stack_equals_the_python_layers(ext: Any, fmt: str) -> None:
     torch.testing.assert_close(caches[1].v, caches[0].v, rtol=2e-5, atol=2e-5)
 
 
+def _wide_or_skip(ext: Any) -> None:
+    if not ext.WIDE_SUPPORTED:
+        pytest.skip("this CPU has no AVX-512 VNNI: only the AVX2 integer kernels run")
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("shape", [(96, 256), (33, 128), (2, 64)])  # odd rows: the lone last row stays AVX2
+def test_wide_integer_kernels_equal_the_avx2_ones_bit_for_bit(ext: Any, fmt: str, shape: tuple[int, int]) -> None:
+    """The AVX-512 VNNI kernels (chosen at run time) compute exactly what the AVX2 ones do, for
+    1-4 input rows (decoding, a batch's step, a prompt's block), with and without a bias."""
+    _wide_or_skip(ext)
+    n, k = shape
+    for bias in (False, True):
+        packed = native.PackedLinear(_linear(n, k, bias=bias, seed=n + k), fmt, ext, group=32 if k < 128 else 64)
+        for rows in (1, 2, 3, 4):
+            x = torch.randn(rows, k) * 3
+            before = ext.set_wide(True)
+            try:
+                wide = packed(x)
+                ext.set_wide(False)
+                narrow = packed(x)
+            finally:
+                ext.set_wide(before)
+            assert torch.equal(wide, narrow), (fmt, shape, bias, rows, float((wide - narrow).abs().max()))
+
+
+def test_wide_kernels_are_on_by_default_where_the_cpu_has_them(ext: Any) -> None:
+    flags = native._cpu_flags()
+    has = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags
+    assert bool(ext.WIDE_SUPPORTED) == has, sorted(f for f in flags if f.startswith("avx512"))
+    before = ext.set_wide(True)
+    ext.set_wide(before)
+    assert before == bool(ext.WIDE_SUPPORTED)  # nothing turned it off: the default
+
+
 def test_stack_refuses_a_position_past_the_cache(ext: Any) -> None:
     stack, cfg = _stack(seed=4)
     native.pack_linears(stack, "float32", ext)

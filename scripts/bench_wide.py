@@ -1,0 +1,103 @@
+"""The native integer kernels with AVX-512 VNNI against their AVX2 form, side by side in one process.
+
+    .venv/bin/python -m s2s_daemon.tools.make_checkpoint ./cv06 --size 0.6b --kind custom_voice
+    .venv/bin/python scripts/bench_wide.py ./cv06 [--formats int8,int4] [--threads 2] [--rounds 4]
+
+Both forms compute the same bits (tests/test_native_kernels.py); this measures what the wide one
+saves where the products are compute bound: a prompt's prefill (the ten-word sentence's, nothing
+kept) and a talker + code predictor step of 1 and of 4 requests together (``step_batch``, no
+codec). Rounds alternate the two forms. Needs a CPU with AVX-512 VNNI (else it says so and exits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="checkpoint folder (e.g. a random 0.6B CustomVoice from make_checkpoint)")
+    parser.add_argument("--formats", default="int8,int4")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=6, help="steps timed per round and batch size")
+    args = parser.parse_args()
+
+    import torch
+
+    from s2s_daemon.bench.report import machine_info
+    from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
+    from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine, native
+    from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions
+
+    torch.set_num_threads(args.threads)
+    ext = native.load()
+    if ext is None or not ext.WIDE_SUPPORTED:
+        print("this CPU has no AVX-512 VNNI (or no native kernels): nothing to compare")
+        return 1
+    machine = machine_info()
+    print(
+        f"{datetime.datetime.now().isoformat(timespec='minutes')} {machine['cpu']}, {machine['logical_cores']} cores, "
+        f"load {os.getloadavg()[0]:.2f}, {args.threads} threads, {args.rounds} rounds"
+    )
+    texts = [
+        "The quick brown fox jumps over the lazy dog near the river.",
+        "A gentle breeze moved across the quiet harbor this morning.",
+        "Please turn off the lights in the kitchen and the hall.",
+        "Dinner is ready in ten minutes, so come down soon.",
+    ]
+    for fmt in args.formats.split(","):
+        engine = TorchQwen3Engine(
+            EngineOptions(
+                model=args.model,
+                device="cpu",
+                dtype="float32",
+                quantization=fmt,
+                kernels="native",
+                extra={"threads": str(args.threads), "prefix_cache_rows": "0"},
+            )
+        )
+        info = engine.load_blocking()
+        engine.warmup_blocking()
+        runtime, gen = engine.runtime, engine.gen
+        assert runtime is not None and gen is not None
+        voice = info.voices[0] if info.voices else None
+        times: dict[tuple[str, bool], list[float]] = {}
+        with torch.inference_mode():
+            prompts = [
+                engine.prepare(SynthesisRequest(text=t, voice=voice, language="english", greedy=True))[0] for t in texts
+            ]
+            for _ in range(args.rounds):
+                for wide in (True, False):
+                    ext.set_wide(wide)
+                    t0 = time.perf_counter()
+                    runtime.start(prompts[0], DecodeOptions(1, True, None))
+                    times.setdefault(("prefill", wide), []).append(1000 * (time.perf_counter() - t0))
+                    for n in (1, 4):
+                        seqs = [runtime.start(p, DecodeOptions(args.steps + 2, True, None)) for p in prompts[:n]]
+                        runtime.step_batch(seqs, gen)
+                        t0 = time.perf_counter()
+                        for _ in range(args.steps):
+                            runtime.step_batch(seqs, gen)
+                        step_ms = 1000 * (time.perf_counter() - t0) / args.steps
+                        times.setdefault((f"step, {n} requests", wide), []).append(step_ms)
+        ext.set_wide(True)
+        engine.close_blocking()
+        print(f"\n{fmt}, prompt of {prompts[0].prefill.shape[1]} positions: median ms (min-max)")
+        print("what | AVX-512 VNNI | AVX2 | AVX2 / VNNI")
+        for what in ("prefill", "step, 1 requests", "step, 4 requests"):
+            wide_ms, narrow_ms = times[(what, True)], times[(what, False)]
+            print(
+                f"{what} | {statistics.median(wide_ms):.0f} ({min(wide_ms):.0f}-{max(wide_ms):.0f}) | "
+                f"{statistics.median(narrow_ms):.0f} ({min(narrow_ms):.0f}-{max(narrow_ms):.0f}) | "
+                f"{statistics.median(narrow_ms) / statistics.median(wide_ms):.2f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
