@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_batch.py /tmp/qwen3_06b_cv [--format int8] [--frames 32] [--streams 1,2,4]
 
 One process, one engine, loaded once. Each round runs, for every stream count N, N requests of
-the same ten-word sentence in different voices at once through ``EngineWorker.stream`` (the
+ten-word sentences (a different one and a different voice each) at once through ``EngineWorker.stream`` (the
 daemon's path): first with the engine's batch (``max_batch`` 4: a frame of every stream per step,
 their rows in one pass of the weights), then interleaved (``max_batch`` 1: each stream's
 generator in turn on the one engine thread, as before batching). Random weights never say
@@ -29,7 +29,14 @@ import os
 import time
 from typing import Any
 
-TEXT = "The quick brown fox jumps over the lazy dog near the river."
+TEXTS = (
+    "The quick brown fox jumps over the lazy dog near the river.",
+    "A gentle breeze moved across the quiet harbor this morning.",
+    "Please turn off the lights in the kitchen and the hall.",
+    "Dinner is ready in ten minutes, so come down soon.",
+)
+"""One per stream, each in its own voice; the prefix cache is emptied before every run, so no run
+starts with its prompts kept from an earlier one."""
 FORMATS = {
     "fp32": {"dtype": "float32", "quantization": "none"},
     "bf16": {"dtype": "bfloat16", "quantization": "none"},
@@ -113,7 +120,13 @@ async def main_async(args: argparse.Namespace) -> int:
     counts = [int(n) for n in args.streams.split(",")]
     requests = {
         n: [
-            SynthesisRequest(text=TEXT, voice=voices[i % len(voices)], language="english", chunk_frames=4, greedy=True)
+            SynthesisRequest(
+                text=TEXTS[i % len(TEXTS)],
+                voice=voices[i % len(voices)],
+                language="english",
+                chunk_frames=4,
+                greedy=True,
+            )
             for i in range(n)
         ]
         for n in counts
@@ -138,6 +151,8 @@ async def main_async(args: argparse.Namespace) -> int:
             for way, size in (("batched", 4), ("interleaved", 1)):
                 engine.options.extra["max_batch"] = str(size)
                 worker._batched = None  # the worker reads max_batch again
+                if engine.runtime is not None and engine.runtime.prefixes is not None:
+                    await worker._call(engine.runtime.prefixes.clear)
                 result = await run_streams(worker, requests[n])
                 key = (n, way)
                 if key not in best or result["wall_s"] < best[key]["wall_s"]:
