@@ -169,6 +169,43 @@ def test_the_entry_is_keyed_by_format_checkpoint_and_layout(
     assert len(_entries(root)) == 2 and entries[0] in _entries(root)
 
 
+def _age(entry: Path, days: float) -> None:
+    """Make ``entry`` look last used ``days`` ago."""
+    when = (entry / "key.json").stat().st_mtime - days * 86400
+    os.utime(entry / "key.json", (when, when))
+
+
+def test_an_entry_an_upgrade_superseded_goes_once_unused_for_a_week(
+    ext: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tmp_path / "ckpt"
+    shutil.copytree(CV, model)
+    root = tmp_path / "prepared"
+    _load(model, "int8", str(root))
+    _load(model, "int4", str(root))
+    old_int8, other_format = (next(e for e in _entries(root) if e.name.startswith(f)) for f in ("int8-", "int4-"))
+    monkeypatch.setattr(native, "PACK_LAYOUT", native.PACK_LAYOUT + 1)  # an upgrade's kernels
+    _, events = _load(model, "int8", str(root))
+    assert _source(events) == "written"
+    assert len(_entries(root)) == 3  # the old entry was used just now: it stays (another install may run it)
+    new_int8 = next(e for e in _entries(root) if e not in (old_int8, other_format))
+
+    _age(old_int8, 6)
+    _load(model, "int8", str(root))
+    assert old_int8 in _entries(root)  # six days unused: kept
+
+    _age(old_int8, 2)  # eight days
+    _age(other_format, 8)  # as old, but another format: not superseded by an int8 start
+    _age(new_int8, 3)
+    _, events = _load(model, "int8", str(root))
+    assert _source(events) == "mapped"
+    assert _entries(root) == sorted([new_int8, other_format])
+    pruned = [e for e in events if e["event"] == "prepared_weights_pruned"]
+    assert [(e["entry"], e["reason"]) for e in pruned] == [(str(old_int8), "superseded")]
+    # the start marked the entry it mapped used
+    assert (new_int8 / "key.json").stat().st_mtime > os.path.getmtime(other_format / "key.json") + 7 * 86400
+
+
 def _corrupt_bin(entry: Path) -> None:
     path = entry / "tensors.bin"
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])

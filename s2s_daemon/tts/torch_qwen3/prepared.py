@@ -29,8 +29,10 @@ Entries are written in a temporary folder (synced) and renamed into place, so a 
 whole entry or none; two processes preparing the same entry at once both finish, and one rename
 wins. An entry that fails its checks (sizes, names, shapes, dtypes, key) is removed with a warning
 and rebuilt; one that cannot be written (read-only or full disk) leaves the weights in memory, also
-with a warning: the cache never makes loading fail. Writing an entry removes the entries whose
-checkpoint files are gone or changed, and temporary folders over an hour old.
+with a warning: the cache never makes loading fail. Each start that maps or writes an entry removes
+the entries whose checkpoint files are gone or changed, those of the same checkpoint and format
+made for other kernels or another torch that no start used for a week (``SUPERSEDED_UNUSED_S``;
+a start marks its entry used), and temporary folders over an hour old.
 
 Where (``cache_root``): ``tts.options.prepared_cache`` (``EngineOptions.extra``), else the
 ``S2S_PREPARED_CACHE`` environment variable: ``0``/``off``/``false``/``no`` turns the cache off,
@@ -84,6 +86,11 @@ OFF = ("0", "off", "false", "no", "none")
 DEFAULT = ("", "1", "on", "true", "yes", "auto")
 STALE_TMP_S = 3600.0
 """Age after which a temporary folder is taken for a crashed writer's and removed."""
+SUPERSEDED_UNUSED_S = 7 * 24 * 3600.0
+"""An entry of the same checkpoint, format and dtype as the one a start uses, made for other
+kernels or another torch (an upgrade), is removed once no start has used it for this long: an
+upgrade does not leave the old entry (669 MB for the 0.6B at int8) behind for good, and two
+installations that share the cache and both run keep theirs."""
 
 _FMT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _FUSED = {
@@ -457,8 +464,24 @@ def _unchanged(files: Iterable[dict[str, Any]]) -> bool:
     return True
 
 
-def prune(root: Path, keep: Path | None = None) -> int:
-    """Remove entries whose checkpoint files are gone or changed, and stale temporary folders; returns how many."""
+def _same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two entries' keys are of the same checkpoint files, format, group, dtype and device."""
+    fields = ("format", "group", "dtype", "device")
+    return a.get("files") == b.get("files") and all(a.get(f) == b.get(f) for f in fields)
+
+
+def touch(entry: Path) -> None:
+    """Mark an entry used now (its key.json's mtime), for ``prune``'s superseded rule."""
+    try:
+        os.utime(entry / "key.json")
+    except OSError:
+        pass  # a read-only cache: its entries are never superseded by this process's
+
+
+def prune(root: Path, keep: Path | None = None, key: dict[str, Any] | None = None) -> int:
+    """Remove entries whose checkpoint files are gone or changed, entries that ``key`` (the entry a
+    start uses, ``keep``) supersedes and that no start used for ``SUPERSEDED_UNUSED_S``, and stale
+    temporary folders; returns how many."""
     removed = 0
     try:
         children = list(root.iterdir())
@@ -478,13 +501,20 @@ def prune(root: Path, keep: Path | None = None) -> int:
                 removed += 1
             continue
         try:
-            files = json.loads((child / "key.json").read_text(encoding="utf-8"))["files"]
+            stored = json.loads((child / "key.json").read_text(encoding="utf-8"))
+            files = stored["files"]
+            unused_s = now - (child / "key.json").stat().st_mtime
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not an entry of ours (or one being removed): left alone
         if not _unchanged(files):
-            shutil.rmtree(child, ignore_errors=True)
-            log.info("prepared_weights_pruned", entry=str(child))
-            removed += 1
+            reason = "checkpoint_changed"
+        elif key is not None and stored != key and _same_weights(stored, key) and unused_s > SUPERSEDED_UNUSED_S:
+            reason = "superseded"
+        else:
+            continue
+        shutil.rmtree(child, ignore_errors=True)
+        log.info("prepared_weights_pruned", entry=str(child), reason=reason, unused_days=round(unused_s / 86400, 1))
+        removed += 1
     return removed
 
 
@@ -521,7 +551,7 @@ def load_talker(
                     except OSError as exc:
                         log.warning("prepared_cache_not_written", entry=str(entry), reason=str(exc))
                         break
-                    prune(root, keep=entry)
+                    prune(root, keep=entry, key=key)
                 elif not entry.is_dir():
                     continue
                 try:
@@ -534,6 +564,9 @@ def load_talker(
                     remove_entry(entry)
                     continue
                 weights, source = candidate, attempt
+                if attempt == "mapped":
+                    touch(entry)
+                    prune(root, keep=entry, key=key)
                 break
         if weights is None:
             weights = skeleton(cfg)
