@@ -15,18 +15,10 @@ from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest  # noqa: E402
 from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine, native  # noqa: E402
 from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, PrefixCache  # noqa: E402
 
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(120), pytest.mark.usefixtures("torch_one_thread")]
 
 CV = Path(__file__).parent / "fixtures" / "qwen3_tiny" / "custom_voice"
 FRAMES = 12
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _engine(kernels: str = "torch", quantization: str = "none", **extra: str) -> TorchQwen3Engine:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,11 @@ from s2s_daemon.tts.torch_qwen3.config import load_model_config  # noqa: E402
 from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, no_weight_init  # noqa: E402
 from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights  # noqa: E402
 
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]  # the first test may build the extension
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.timeout(600),  # the first test may build the extension
+    pytest.mark.usefixtures("torch_one_thread"),
+]
 
 CV = Path(__file__).parent / "fixtures" / "qwen3_tiny" / "custom_voice"
 REQUEST = SynthesisRequest(text="Hello there, this is a test.", voice="Ryan", language="english", greedy=True)
@@ -43,14 +47,6 @@ def ext() -> Any:
     module = native.load()
     assert module is not None, native.unavailable_reason()
     return module
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _engine(model: Path, fmt: str, cache: str) -> TorchQwen3Engine:

@@ -19,19 +19,11 @@ from s2s_daemon.tts.torch_qwen3.layers import KVCache  # noqa: E402
 from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions  # noqa: E402
 from s2s_daemon.tts.worker import EngineWorker  # noqa: E402
 
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(120), pytest.mark.usefixtures("torch_one_thread")]
 
 CV = Path(__file__).parent / "fixtures" / "qwen3_tiny" / "custom_voice"
 TEXTS = ["Hello there, how are you today?", "The quick brown fox.", "A longer sentence that keeps going, on and on."]
 FRAMES = 16
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _native_or_skip() -> None:

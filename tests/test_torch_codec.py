@@ -25,16 +25,7 @@ from s2s_daemon.tts.torch_qwen3.codec import (  # noqa: E402  (after the importo
 )
 from tests.support.codec import random_decoder  # noqa: E402
 
-pytestmark = pytest.mark.torch
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Any:
-    """Small convs run several times faster on one thread on a shared 2-core box (no spin contention)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("torch_one_thread")]
 
 
 SMALL = CodecDecoderConfig(

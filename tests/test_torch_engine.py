@@ -36,22 +36,13 @@ from s2s_daemon.tts.torch_qwen3.engine import FRAMES_BASE, FRAMES_PER_TOKEN, fra
 from s2s_daemon.tts.torch_qwen3.layers import KVCache  # noqa: E402
 from s2s_daemon.tts.torch_qwen3.runtime import MIN_NEW_TOKENS, DecodeOptions  # noqa: E402
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("torch_one_thread")]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tiny"
 CV = FIXTURES / "custom_voice"
 VD = FIXTURES / "voice_design"
 SAMPLES_PER_FRAME = 1920
 TEXT = "Hello there, this is a test."
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: tiny matmuls on a shared 2-core box are several times faster without spinning."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _engine(path: Path, **extra: str) -> TorchQwen3Engine:
