@@ -180,16 +180,10 @@ inline void i8q_group(const int8_t* p, const float* scale, const int8_t* xq, con
 // chosen at run time, `g_wide`): block b of both rows is one 64-byte load, and vpdpbusd makes the
 // 8 sums of 4 products per row that vpmaddubsw + vpmaddwd make, in one instruction for both rows.
 // With the accumulation chains, their order and the final sums as i8q_group<M, 2>'s, the result is
-// bit for bit the same. Several input rows are where it tells: 4 rows of a 6144x1024 weight were
-// compute bound at ~90 GOP/s on AVX2 (the 2-core Xeon).
+// bit for bit the same. Several input rows are where it tells: 4 rows of a 6144x1024 int8 weight
+// were compute bound at ~90 GOP/s on AVX2 (ext.linear timed alone, 2 threads, the 2-core Intel Xeon,
+// 2 December 2026); scripts/bench_wide.py measures the two forms side by side on a model.
 #define S2S_WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")))
-
-S2S_WIDE inline float hsum_wide(__m256 v) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
 
 template <int M>
 S2S_WIDE void i8q_pair_wide(const int8_t* p, const float* scale, const int8_t* xq, const float* xs, float* y,
@@ -222,8 +216,8 @@ S2S_WIDE void i8q_pair_wide(const int8_t* p, const float* scale, const int8_t* x
   for (int m = 0; m < M; ++m) {
     __m512 s = acc[m][0];
     for (int a = 1; a < A; ++a) s = _mm512_add_ps(s, acc[m][a]);
-    y[m * N + n] = std::fma(hsum_wide(_mm512_castps512_ps256(s)), scale[n], bias ? bias[n] : 0.f);
-    y[m * N + n + 1] = std::fma(hsum_wide(_mm512_extractf32x8_ps(s, 1)), scale[n + 1], bias ? bias[n + 1] : 0.f);
+    y[m * N + n] = std::fma(hsum(_mm512_castps512_ps256(s)), scale[n], bias ? bias[n] : 0.f);
+    y[m * N + n + 1] = std::fma(hsum(_mm512_extractf32x8_ps(s, 1)), scale[n + 1], bias ? bias[n + 1] : 0.f);
   }
 }
 
@@ -341,8 +335,8 @@ S2S_WIDE void i4q_pair_wide(const uint8_t* p, const float* sc, const float* mn, 
     }
   }
   for (int m = 0; m < M; ++m) {
-    y[m * N + n] = hsum_wide(_mm512_castps512_ps256(out[m])) + off[0][m] + (bias ? bias[n] : 0.f);
-    y[m * N + n + 1] = hsum_wide(_mm512_extractf32x8_ps(out[m], 1)) + off[1][m] + (bias ? bias[n + 1] : 0.f);
+    y[m * N + n] = hsum(_mm512_castps512_ps256(out[m])) + off[0][m] + (bias ? bias[n] : 0.f);
+    y[m * N + n + 1] = hsum(_mm512_extractf32x8_ps(out[m], 1)) + off[1][m] + (bias ? bias[n + 1] : 0.f);
   }
 }
 
