@@ -1,0 +1,110 @@
+"""What keeping a cloned voice's decoded reference saves at first audio (torch engine, Base model).
+
+    .venv/bin/python -m s2s_daemon.tools.make_checkpoint ./base06 --size 0.6b --kind base
+    .venv/bin/python scripts/bench_ref_stream.py ./base06 [--seconds 5] [--format int8] [--rounds 4]
+
+With a transcript (ICL cloning) the codec decoder needs the reference's frames as left context
+before the request's own. The engine decodes them once and keeps the decoder's state
+(``engine.REF_STREAMS``); this times a request's first chunk with that state kept and with it
+dropped (decoded again, as before it was kept), alternating in one process. The clone prompt (the
+encoders' output) is in memory in both cases and the prefix cache is off, so only the reference's
+decoding differs. The reference is a synthetic recording of ``--seconds`` seconds; random weights
+make the codes' values meaningless but their decoding costs what real ones do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import tempfile
+import time
+import wave
+from pathlib import Path
+
+
+def write_reference(path: Path, seconds: float) -> None:
+    import numpy as np
+
+    t = np.arange(int(24000 * seconds)) / 24000
+    tone = 0.3 * np.sin(2 * np.pi * 220 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    noise = 0.02 * np.random.default_rng(0).standard_normal(t.size)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(24000)
+        w.writeframes(((tone + noise) * 32767).astype("<i2").tobytes())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="a Base checkpoint folder (e.g. a random 0.6B Base from make_checkpoint)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of the reference recording")
+    parser.add_argument("--format", default="int8", choices=["none", "int8", "int4"], help="quantization")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+
+    import torch
+
+    from s2s_daemon.bench.report import machine_info
+    from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
+    from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
+
+    torch.set_num_threads(args.threads)
+    engine = TorchQwen3Engine(
+        EngineOptions(
+            model=args.model,
+            device="cpu",
+            dtype="float32",
+            quantization=args.format,
+            kernels="native",
+            extra={"threads": str(args.threads), "max_frames": "8", "voice_cache": "off", "prefix_cache_rows": "0"},
+        )
+    )
+    info = engine.load_blocking()
+    if info.mode != "base":
+        raise SystemExit(f"{args.model} is a {info.mode} checkpoint: cloning needs a Base one")
+    engine.warmup_blocking()
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = Path(tmp) / "ref.wav"
+        write_reference(ref, args.seconds)
+        request = SynthesisRequest(
+            text="The quick brown fox jumps over the lazy dog near the river.",
+            voice=None,
+            language="english",
+            chunk_frames=4,
+            greedy=True,
+            ref_audio=str(ref),
+            ref_text="This is the reference recording of my voice.",
+        )
+
+        def first_chunk_ms() -> float:
+            t0 = time.perf_counter()
+            for _chunk in engine.synthesize_blocking(request, lambda: False):
+                break
+            return 1000 * (time.perf_counter() - t0)
+
+        cold = first_chunk_ms()  # the encoders run and the reference is decoded
+        times: dict[str, list[float]] = {"kept": [], "decoded again": []}
+        for _ in range(args.rounds):
+            times["kept"].append(first_chunk_ms())
+            engine.ref_streams.clear()
+            times["decoded again"].append(first_chunk_ms())
+    machine = machine_info()
+    print(
+        f"{datetime.datetime.now().isoformat(timespec='minutes')} {machine['cpu']}, {machine['logical_cores']} cores, "
+        f"load {os.getloadavg()[0]:.2f}, {args.threads} threads, {args.format}, a {args.seconds:g} s reference"
+    )
+    print(f"first request (encoders, reference decoded): first chunk {cold:.0f} ms")
+    for case, values in times.items():
+        print(
+            f"reference state {case:>13}: first chunk median {statistics.median(values):.0f} ms "
+            f"(min {min(values):.0f}, max {max(values):.0f})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
