@@ -11,9 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest  # noqa: E402
-from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine, native  # noqa: E402
+from s2s_daemon.tts.engine import SynthesisRequest  # noqa: E402
+from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine  # noqa: E402
 from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, PrefixCache  # noqa: E402
+from tests.test_torch_batch import _engine as batch_engine  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120), pytest.mark.usefixtures("torch_one_thread")]
 
@@ -22,20 +23,8 @@ FRAMES = 12
 
 
 def _engine(kernels: str = "torch", quantization: str = "none", **extra: str) -> TorchQwen3Engine:
-    if kernels == "native" and native.why_not_here() is not None:
-        pytest.skip(f"native kernels cannot run here: {native.why_not_here()}")
-    engine = TorchQwen3Engine(
-        EngineOptions(
-            model=str(CV),
-            device="cpu",
-            dtype="float32",
-            quantization=quantization,
-            kernels=kernels,
-            extra={"max_frames": str(FRAMES), **extra},
-        )
-    )
-    engine.load_blocking()
-    return engine
+    """The tiny CustomVoice engine of the batch tests, torch's own kernels unless told."""
+    return batch_engine(kernels, quantization, **extra)
 
 
 def _request(engine: TorchQwen3Engine, text: str, voice: int = 0, **kw: Any) -> SynthesisRequest:
