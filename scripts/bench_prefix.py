@@ -12,7 +12,6 @@ milliseconds (median, min, max) and the positions taken from the cache, with the
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
 import time
@@ -29,24 +28,14 @@ def main() -> int:
 
     import torch
 
-    from s2s_daemon.bench.report import machine_info
-    from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
-    from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
+    from s2s_daemon.bench.report import machine_line
+    from s2s_daemon.bench.torch_cpu import cpu_engine
+    from s2s_daemon.tts.engine import SynthesisRequest
     from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions
 
-    torch.set_num_threads(args.threads)
-    engine = TorchQwen3Engine(
-        EngineOptions(
-            model=args.model,
-            device="cpu",
-            dtype="float32",
-            quantization=args.format,
-            kernels="native",
-            extra={"threads": str(args.threads)},
-        )
-    )
-    info = engine.load_blocking()
-    engine.warmup_blocking()
+    engine = cpu_engine(args.model, args.format, args.threads)
+    info = engine.info
+    assert info is not None
     runtime = engine.runtime
     assert runtime is not None
     prefixes = runtime.prefixes
@@ -74,12 +63,7 @@ def main() -> int:
                 runtime.start(prompt, one)
                 times[case].append(1000 * (time.perf_counter() - t0))
                 kept[case] = prefixes.reused - reused
-    machine = machine_info()
-    print(
-        f"{datetime.datetime.now().isoformat(timespec='minutes')} {machine['cpu']}, {machine['logical_cores']} cores, "
-        f"load {os.getloadavg()[0]:.2f}, {args.threads} threads, {args.format}, "
-        f"prompt of {prompt.prefill.shape[1]} positions"
-    )
+    print(machine_line(f"{args.threads} threads", args.format, f"prompt of {prompt.prefill.shape[1]} positions"))
     for case, values in times.items():
         print(
             f"{case:>13}: {kept[case]:>3} positions kept, prefill median {statistics.median(values):.0f} ms "

@@ -15,7 +15,6 @@ make the codes' values meaningless but their decoding costs what real ones do.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
 import tempfile
@@ -46,27 +45,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
 
-    import torch
+    from s2s_daemon.bench.report import machine_line
+    from s2s_daemon.bench.torch_cpu import cpu_engine
+    from s2s_daemon.tts.engine import SynthesisRequest
 
-    from s2s_daemon.bench.report import machine_info
-    from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
-    from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
-
-    torch.set_num_threads(args.threads)
-    engine = TorchQwen3Engine(
-        EngineOptions(
-            model=args.model,
-            device="cpu",
-            dtype="float32",
-            quantization=args.format,
-            kernels="native",
-            extra={"threads": str(args.threads), "max_frames": "8", "voice_cache": "off", "prefix_cache_rows": "0"},
-        )
-    )
-    info = engine.load_blocking()
+    engine = cpu_engine(args.model, args.format, args.threads, max_frames="8", voice_cache="off", prefix_cache_rows="0")
+    info = engine.info
+    assert info is not None
     if info.mode != "base":
         raise SystemExit(f"{args.model} is a {info.mode} checkpoint: cloning needs a Base one")
-    engine.warmup_blocking()
     with tempfile.TemporaryDirectory() as tmp:
         ref = Path(tmp) / "ref.wav"
         write_reference(ref, args.seconds)
@@ -92,11 +79,7 @@ def main() -> int:
             times["kept"].append(first_chunk_ms())
             engine.ref_streams.clear()
             times["decoded again"].append(first_chunk_ms())
-    machine = machine_info()
-    print(
-        f"{datetime.datetime.now().isoformat(timespec='minutes')} {machine['cpu']}, {machine['logical_cores']} cores, "
-        f"load {os.getloadavg()[0]:.2f}, {args.threads} threads, {args.format}, a {args.seconds:g} s reference"
-    )
+    print(machine_line(f"{args.threads} threads", args.format, f"a {args.seconds:g} s reference"))
     print(f"first request (encoders, reference decoded): first chunk {cold:.0f} ms")
     for case, values in times.items():
         print(

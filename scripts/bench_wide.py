@@ -12,7 +12,6 @@ codec). Rounds alternate the two forms. Needs a CPU with AVX-512 VNNI (else it s
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
 import time
@@ -29,9 +28,10 @@ def main() -> int:
 
     import torch
 
-    from s2s_daemon.bench.report import machine_info
-    from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
-    from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine, native
+    from s2s_daemon.bench.report import machine_line
+    from s2s_daemon.bench.torch_cpu import cpu_engine
+    from s2s_daemon.tts.engine import SynthesisRequest
+    from s2s_daemon.tts.torch_qwen3 import native
     from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions
 
     torch.set_num_threads(args.threads)
@@ -39,11 +39,7 @@ def main() -> int:
     if ext is None or not ext.WIDE_SUPPORTED:
         print("this CPU has no AVX-512 VNNI (or no native kernels): nothing to compare")
         return 1
-    machine = machine_info()
-    print(
-        f"{datetime.datetime.now().isoformat(timespec='minutes')} {machine['cpu']}, {machine['logical_cores']} cores, "
-        f"load {os.getloadavg()[0]:.2f}, {args.threads} threads, {args.rounds} rounds"
-    )
+    print(machine_line(f"{args.threads} threads", f"{args.rounds} rounds"))
     texts = [
         "The quick brown fox jumps over the lazy dog near the river.",
         "A gentle breeze moved across the quiet harbor this morning.",
@@ -51,20 +47,9 @@ def main() -> int:
         "Dinner is ready in ten minutes, so come down soon.",
     ]
     for fmt in args.formats.split(","):
-        engine = TorchQwen3Engine(
-            EngineOptions(
-                model=args.model,
-                device="cpu",
-                dtype="float32",
-                quantization=fmt,
-                kernels="native",
-                extra={"threads": str(args.threads), "prefix_cache_rows": "0"},
-            )
-        )
-        info = engine.load_blocking()
-        engine.warmup_blocking()
-        runtime, gen = engine.runtime, engine.gen
-        assert runtime is not None and gen is not None
+        engine = cpu_engine(args.model, fmt, args.threads, prefix_cache_rows="0")
+        info, runtime, gen = engine.info, engine.runtime, engine.gen
+        assert info is not None and runtime is not None and gen is not None
         voice = info.voices[0] if info.voices else None
         times: dict[tuple[str, bool], list[float]] = {}
         with torch.inference_mode():

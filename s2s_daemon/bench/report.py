@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -209,6 +210,14 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
+
+
+def machine_line(*details: str) -> str:
+    """One line for a benchmark script's output: the minute, the CPU, its cores, the load, then ``details``."""
+    info = machine_info()
+    load = info["load_average"][0] if info["load_average"] else float("nan")
+    head = f"{datetime.datetime.now().isoformat(timespec='minutes')} {info['cpu']}, {info['logical_cores']} cores, "
+    return head + ", ".join([f"load {load:.2f}", *details])
 
 
 def baseline_index(results: Sequence[ConfigResult]) -> int | None:
