@@ -13,18 +13,30 @@ from s2s_daemon.tts.torch_qwen3.layers import SMALL_BATCH_ROWS, SmallBatchLinear
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.mark.parametrize("relaid", [False, True], ids=["conv", "taps"])
 @pytest.mark.parametrize(
     ("cin", "cout", "kernel", "dilation", "columns"),
-    [(64, 32, 7, 1, 16), (48, 64, 7, 3, 10), (32, 32, 7, 9, 1), (16, 8, 3, 1, 4), (32, 16, 7, 1, 200)],
-)  # 200 columns: past GEMM_MAX_COLUMNS, the convolution itself
+    [
+        (64, 32, 7, 1, 16),
+        (48, 64, 7, 3, 10),
+        (32, 32, 7, 9, 1),
+        (16, 8, 3, 1, 4),
+        (32, 16, 7, 1, 200),
+        (24, 40, 1, 1, 90),
+    ],
+)  # 200 and 90 columns: past GEMM_MAX_COLUMNS, one product per tap once relaid
 @torch.inference_mode()
 def test_causal_conv_gemm_path_equals_the_convolution(
-    cin: int, cout: int, kernel: int, dilation: int, columns: int
+    cin: int, cout: int, kernel: int, dilation: int, columns: int, relaid: bool
 ) -> None:
     torch.manual_seed(0)
     layer = CausalConv1d(cin, cout, kernel, dilation=dilation)
     x = torch.randn(2, cin, columns)
     expected = layer.conv(torch.nn.functional.pad(x, (layer.context, 0)))
+    if relaid:
+        layer.relayout()  # the tap-major weight the loader makes on the CPU
+        assert layer.weight_taps is not None and layer.weight_taps.shape == (cout, kernel, cin)
+        torch.testing.assert_close(layer.conv(torch.nn.functional.pad(x, (layer.context, 0))), expected)  # a view
     got = layer(x)
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

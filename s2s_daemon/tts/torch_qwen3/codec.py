@@ -191,41 +191,70 @@ class CausalConv1d(nn.Module):
         self.conv = nn.Conv1d(in_ch, out_ch, kernel, dilation=dilation, groups=groups)
         self.context = (kernel - 1) * dilation
         """Past input columns the layer needs."""
+        self.weight_taps: Tensor | None = None
+        """The weight tap-major, ``[out, kernel, in]`` row-major (``relayout``), for the GEMM paths;
+        the conv's own weight is then a view of it, so no memory is added. None: ``self.conv`` runs."""
         self.ext: Any = None
         """The native CPU kernels for the few-column GEMM, where ``CodecDecoder.use_native`` found the
         weight fit for them; else None."""
 
+    def relayout(self) -> None:
+        """Store the weight tap-major (``weight_taps``) for the GEMM paths; call after loading, on the
+        CPU. Grouped (depthwise) convs keep the convolution."""
+        conv = self.conv
+        if conv.groups != 1:
+            return
+        w = conv.weight.detach()
+        taps = w.permute(0, 2, 1).contiguous()
+        conv.weight = nn.Parameter(taps.permute(0, 2, 1), requires_grad=False)
+        self.weight_taps = taps
+
     def _conv(self, padded: Tensor) -> Tensor:
-        """``self.conv(padded)``; a few output columns go through one GEMM instead.
+        """``self.conv(padded)``, as matrix products where the weight was relaid.
 
         With few columns (a streamed chunk at the 12.5/50 Hz stages) the convolution is bound by
         reading its weights, and the oneDNN path re-lays them out on every call: the first
-        1024 -> 1536, k=7 conv took ~30 ms for 16 columns here, the GEMM a few.
+        1024 -> 1536, k=7 conv took ~30 ms for 16 columns here, one GEMM over the stacked taps a
+        few. With many (the 600-7,700 columns a 4-frame chunk has at the 300 Hz-24 kHz stages),
+        one product per tap accumulated into the output, each reading the input in place, ran
+        the 96- to 768-channel k=7 convs at 175-235 GFLOP/s against oneDNN's 120-165
+        (``scripts/bench_codec.py``).
         """
         conv = self.conv
-        kernel = conv.kernel_size[0]
-        t = padded.shape[-1] - self.context
-        if conv.groups != 1 or kernel == 1 or t > GEMM_MAX_COLUMNS:
+        taps = self.weight_taps
+        if padded.shape[-1] == self.context:  # no new columns (the convolution refuses them)
+            return padded.new_zeros(padded.shape[0], conv.out_channels, 0)
+        if taps is None or taps.dtype != padded.dtype or taps.device != padded.device:
             out: Tensor = conv(padded)
             return out
+        cout, kernel, cin = taps.shape
         d = conv.dilation[0]
-        batch, cin = padded.shape[0], padded.shape[1]
-        weight = conv.weight.reshape(conv.out_channels, cin * kernel)
-        if self.ext is not None and batch == 1 and t <= self.ext.MAX_BLOCKED_ROWS:
-            # Rows [t, cin * kernel] (index c * kernel + j, as the weight's), one per output column.
-            rows = torch.stack([padded[0, :, j * d : j * d + t] for j in range(kernel)], dim=-1)
-            out_rows = _few_row_gemm(self.ext, rows.permute(1, 0, 2).reshape(t, cin * kernel), weight, conv.bias)
-            return out_rows.t().unsqueeze(0)
-        columns = torch.stack([padded[..., j * d : j * d + t] for j in range(kernel)], dim=2)
-        out = torch.matmul(weight, columns.reshape(batch, cin * kernel, t))
-        if conv.bias is not None:
-            out = out + conv.bias[None, :, None]
+        batch = padded.shape[0]
+        t = padded.shape[-1] - self.context
+        bias = conv.bias
+        if kernel > 1 and t <= GEMM_MAX_COLUMNS:
+            # Rows [t, kernel * cin] (index j * cin + c, as the taps'), one per output column.
+            if self.ext is not None and batch == 1 and t <= self.ext.MAX_BLOCKED_ROWS:
+                rows = torch.cat([padded[0, :, j * d : j * d + t].t() for j in range(kernel)], dim=1)
+                out_rows = _few_row_gemm(self.ext, rows, taps.view(cout, kernel * cin), bias)
+                return out_rows.t().unsqueeze(0)
+            columns = torch.cat([padded[..., j * d : j * d + t] for j in range(kernel)], dim=1)
+            out = torch.matmul(taps.view(cout, kernel * cin), columns)
+            return out if bias is None else out + bias[None, :, None]
+        out = padded.new_empty(batch, cout, t)
+        for b in range(batch):
+            x, o = padded[b], out[b]
+            if bias is None:
+                torch.mm(taps[:, 0], x[:, :t], out=o)
+            else:
+                torch.addmm(bias[:, None], taps[:, 0], x[:, :t], out=o)
+            for j in range(1, kernel):
+                o.addmm_(taps[:, j], x[:, j * d : j * d + t])
         return out
 
     def forward(self, x: Tensor, state: _StateDict | None = None) -> Tensor:
         if self.context == 0:
-            out: Tensor = self.conv(x)
-            return out
+            return self._conv(x)
         if state is None:
             return self._conv(F.pad(x, (self.context, 0)))
         past = state.get(id(self))
@@ -642,7 +671,7 @@ class CodecDecoder(nn.Module):
         model = model.to(device=device, dtype=dtype).eval()
         if model._device().type == "cpu":
             for module in model.modules():
-                if isinstance(module, CausalConvTranspose1d):
+                if isinstance(module, (CausalConv1d, CausalConvTranspose1d)):
                     module.relayout()
         model.pre_transformer.inv_freq = inv_freq.to(device)
         model.requires_grad_(False)
@@ -655,9 +684,12 @@ class CodecDecoder(nn.Module):
         count = 0
         for module in self.modules():
             if isinstance(module, CausalConv1d):
-                conv = module.conv
-                weight = conv.weight.reshape(conv.out_channels, -1)
-                if conv.groups == 1 and conv.kernel_size[0] > 1 and _takes_native_gemm(weight, conv.bias):
+                taps = module.weight_taps
+                if (
+                    taps is not None
+                    and taps.shape[1] > 1
+                    and _takes_native_gemm(taps.view(taps.shape[0], -1), module.conv.bias)
+                ):
                     module.ext = ext
                     count += 1
             elif isinstance(module, CausalConvTranspose1d):
@@ -796,8 +828,8 @@ def _read_decoder(path: Path, model: CodecDecoder, device: torch.device, dtype: 
     """The ``decoder.*`` tensors of a speech-tokenizer file, prefix removed, for ``model`` (on meta).
 
     Tensors used as stored are views of the file's mapping (pages read when first used); those
-    that loading converts (cast to ``dtype``, moved to another device, or relaid by
-    ``CausalConvTranspose1d.relayout``) are read into buffers of their own, so the mapping's
+    that loading converts (cast to ``dtype``, moved to another device, or relaid by the convs'
+    ``relayout``) are read into buffers of their own, so the mapping's
     pages of their stored form never become resident beside the converted copy.
     """
     from s2s_daemon.tts.torch_qwen3.checkpoint import TensorFiles
@@ -805,7 +837,12 @@ def _read_decoder(path: Path, model: CodecDecoder, device: torch.device, dtype: 
     prefix = "decoder."
     # inv_freq is derived, never needed
     files = TensorFiles([path], lambda key: key.startswith(prefix) and not key.endswith("rotary_emb.inv_freq"))
-    relaid = {f"{name}.conv.weight" for name, m in model.named_modules() if isinstance(m, CausalConvTranspose1d)}
+    relaid = {
+        f"{name}.conv.weight"
+        for name, m in model.named_modules()
+        if isinstance(m, CausalConvTranspose1d)
+        or (isinstance(m, CausalConv1d) and m.conv.groups == 1 and m.conv.kernel_size[0] > 1)
+    }
     out: dict[str, Tensor] = {}
     try:
         for key, stored in files.tensors.items():
