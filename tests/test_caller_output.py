@@ -141,3 +141,28 @@ async def test_a_rejected_caller_request_ends_its_stream() -> None:
         requests.close()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         await worker.close()
+
+
+async def test_the_speakers_requests_are_paced_and_a_callers_are_not() -> None:
+    # What the engine worker is told: the speaker's audio is heard as it is made (a batching
+    # engine keeps others out of its steps while it is not far enough ahead), a caller's is not.
+    dispatcher, _events, requests, tasks, worker = await pipeline()
+    seen: dict[str, bool] = {}
+    plain = worker.stream
+
+    def stream(synth, should_stop):  # type: ignore[no-untyped-def]
+        seen[synth.text] = synth.paced
+        return plain(synth, should_stop)
+
+    worker.stream = stream  # type: ignore[method-assign]
+    try:
+        room = dispatcher.submit(request("room", "room words"))
+        caller = CallerStream()
+        job = dispatcher.submit(request("caller", "caller words", caller))
+        assert [c async for c in caller.chunks(job.done)]
+        await asyncio.wait_for(asyncio.gather(room.done.wait(), job.done.wait()), 10)
+    finally:
+        requests.close()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        await worker.close()
+    assert seen == {"room words": True, "caller words": False}

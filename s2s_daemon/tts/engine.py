@@ -59,6 +59,10 @@ class SynthesisRequest:
     """Path of a reference recording for voice cloning (Base models)."""
     ref_text: str | None = None
     """Transcript of ``ref_audio``; None means speaker-embedding-only cloning."""
+    paced: bool = False
+    """Heard as it is made (the daemon's speaker): a batching engine's worker keeps other requests
+    out of the steps while this one's audio is not far enough ahead of playing time
+    (``tts/worker.py``'s ``LEAD_S``), so that they never make it stutter."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,6 +151,7 @@ class TtsStage:
             language=request.language,
             instruct=request.instruct,
             chunk_frames=self.chunk_frames,
+            paced=request.output is None,  # the speaker's: others must not make it stutter
         )
         ledger.record(job, SynthesisStarted(time.monotonic()))
         log.debug("synthesis_started", chars=len(request.text))

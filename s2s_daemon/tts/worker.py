@@ -51,11 +51,23 @@ class EngineWedged(EngineError):
 
 @dataclass(slots=True)
 class _Budget:
-    """Engine time one utterance may take (``tts.max_utterance_s``), shared by its sentences."""
+    """Engine time one utterance may take (``tts.max_utterance_s``), shared by its sentences; and,
+    for a paced one (``SynthesisRequest.paced``), how far its audio is ahead of playing time."""
 
     limit_s: float | None
     spent_s: float = 0.0
     """Seconds the engine thread spent in this utterance's finished runs (written by that thread)."""
+    made_s: float = 0.0
+    """Seconds of audio a paced utterance's steps made so far (engine thread)."""
+    first_at: float | None = None
+    """When its first chunk was made (monotonic; engine thread)."""
+
+    def lead_s(self, now: float) -> float:
+        """Audio made beyond what could have played since the first chunk (playback may have
+        started later, never sooner: a lower bound); minus infinity before the first chunk."""
+        if self.first_at is None:
+            return float("-inf")
+        return self.made_s - (now - self.first_at)
 
 
 _utterance: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("s2s_utterance_budget", default=None)
@@ -105,6 +117,12 @@ class EngineThread(concurrent.futures.Executor):
 
 STREAM_AHEAD = 8
 """Chunks the engine thread produces ahead of the consumer before it pauses."""
+LEAD_S = 1.5
+"""Audio a paced stream (the speaker's) must have ahead of playing time for others to share its
+steps: longer than the longest step of a full batch (four 4-frame codec chunks at once: ~0.7 s on
+the 2-core CPU). Opening (prefilling) another needs this plus the prefill's expected time."""
+OPEN_S = 1.0
+"""A prefill's expected time before one was measured (then a running mean of them)."""
 
 _END = object()
 SUSPENDED_S = 0.5
@@ -312,6 +330,23 @@ class _BatchStream(_Stream):
         self.should_stop = should_stop
         self.synthesis: BatchSynthesis | None = None
         self.joined = False
+        self.held = False
+        """Kept out of the steps (or not opened) for a paced stream's sake (read by the consumer:
+        no chunk while held is no stall)."""
+        self.active_since = 0.0
+        """When it last began to be opened or stepped after waiting (monotonic): a stall is counted
+        from then, not from when its consumer began to wait."""
+
+    def unhold(self) -> None:
+        if self.held:
+            self.held = False
+            self.active_since = time.monotonic()
+
+    def waited_lately(self, stall_timeout_s: float | None) -> bool:
+        """Waiting for a place or held, or less than ``stall_timeout_s`` out of it (event loop)."""
+        if self.waiting_for_place() or self.held:
+            return True
+        return stall_timeout_s is not None and time.monotonic() - self.active_since < stall_timeout_s
 
     def produce(self) -> None:
         """(Engine thread) join the batch, or resume after a pause: the batch steps it."""
@@ -338,6 +373,11 @@ class _BatchStream(_Stream):
         """(Engine thread) hand on what the last step made; end the stream when its synthesis did."""
         assert self.synthesis is not None
         for chunk in self.synthesis.take():
+            if self.request.paced:
+                budget = self.budget
+                if budget.first_at is None:
+                    budget.first_at = time.monotonic()
+                budget.made_s += len(chunk) / self.batch.sample_rate
             self._put(chunk)
         if self.synthesis.done:
             self.batch.leave(self)  # before the consumer hears of the end
@@ -356,12 +396,22 @@ class _Batch:
     open at once (their KV caches live), one more opened (prefilled) per step; a later one
     waits for a place. A stream whose consumer is ``STREAM_AHEAD`` chunks behind is left out of
     the steps until it catches up.
+
+    A paced stream (the speaker's) comes first: while its audio is less than ``LEAD_S`` ahead of
+    playing time, the others are left out of the steps, and none is opened unless that lead also
+    covers a prefill. On an engine slower than real time the speaker's utterance so runs alone
+    (the others wait for it); on a fast one the others join once it is far enough ahead.
     """
 
-    def __init__(self, engine: BatchEngine, submit: Callable[[Callable[[], None]], None], size: int) -> None:
+    def __init__(
+        self, engine: BatchEngine, submit: Callable[[Callable[[], None]], None], size: int, sample_rate: int = 24000
+    ) -> None:
         self.engine = engine
         self.submit = submit
         self.size = size
+        self.sample_rate = sample_rate
+        self.open_s = OPEN_S
+        """A prefill's expected time: a running mean of those measured (engine thread)."""
         self._streams: list[_BatchStream] = []
         """Joined, in order of arrival (engine thread only)."""
         self._lock = threading.Lock()
@@ -386,23 +436,32 @@ class _Batch:
         """(Engine thread) open what has a place, then one frame of every runnable open stream."""
         with self._lock:
             self._scheduled = False
-        ready: list[_BatchStream] = []
-        opened = 0
-        prefilled = False
-        for stream in list(self._streams):
-            if stream.closed:
+        # Open what has a place: paced streams first, one prefill per step (the streams already
+        # open make their next frame in between: four requests at once, the first plays after one
+        # prefill, not after four); another only when the speaker is far enough ahead.
+        lead = self._speaker_lead_s()
+        opened = sum(1 for s in self._streams if s.synthesis is not None and not s.closed)
+        for stream in sorted(self._streams, key=lambda s: not s.request.paced):
+            if stream.closed or stream.synthesis is not None:
                 continue
-            if stream.synthesis is None:
-                # One prefill per step: the streams already open make their next frame in between
-                # (four requests at once: the first plays after one prefill, not after four).
-                if opened >= self.size or prefilled:
-                    continue
-                prefilled = True
-                if not self._open(stream):
-                    continue
-            opened += 1
-            if stream.runnable():
-                ready.append(stream)
+            if opened >= self.size:
+                break
+            if not stream.request.paced and lead < LEAD_S + self.open_s:
+                self._hold(stream, lead)
+                break
+            if self._open(stream):
+                opened += 1
+            break
+        lead = self._speaker_lead_s()
+        ready: list[_BatchStream] = []
+        for stream in list(self._streams):
+            if stream.closed or stream.synthesis is None or not stream.runnable():
+                continue
+            if not stream.request.paced and lead < LEAD_S:
+                self._hold(stream, lead)
+                continue
+            stream.unhold()
+            ready.append(stream)
         if not ready:
             if self._has_work():  # the stream opened this step failed: the next may open
                 self.wake()
@@ -427,6 +486,24 @@ class _Batch:
         if self._has_work():
             self.wake()
 
+    def _speaker_lead_s(self) -> float:
+        """The least lead (``_Budget.lead_s``) of the open paced streams that can make a frame;
+        infinity when there is none (one waiting for a place holds nobody: they must finish to
+        make it one)."""
+        now = time.monotonic()
+        leads = [
+            s.budget.lead_s(now)
+            for s in self._streams
+            if s.request.paced and s.synthesis is not None and not s.closed and s.runnable()
+        ]
+        return min(leads, default=float("inf"))
+
+    @staticmethod
+    def _hold(stream: _BatchStream, lead: float) -> None:
+        if not stream.held:
+            stream.held = True
+            log.info("held_for_speaker", speaker_lead_s=round(lead, 2) if lead > float("-inf") else None)
+
     def _has_work(self) -> bool:
         """An open stream can make a frame, or a joined one can be opened."""
         opened = [stream for stream in self._streams if stream.synthesis is not None]
@@ -435,7 +512,7 @@ class _Batch:
         return len(opened) < self.size and any(s.synthesis is None and s.runnable() for s in self._streams)
 
     def _open(self, stream: _BatchStream) -> bool:
-        started = stream._running_since = time.monotonic()
+        started = stream._running_since = stream.active_since = time.monotonic()
         try:
             stream.synthesis = self.engine.open_blocking(stream.request, stream.should_stop)
         except BaseException as exc:  # re-raised on the event loop by the consumer
@@ -443,8 +520,11 @@ class _Batch:
             stream._finish(exc)
             return False
         finally:
+            took = time.monotonic() - started
             stream._running_since = None
-            stream.budget.spent_s += time.monotonic() - started
+            stream.budget.spent_s += took
+        self.open_s = 0.7 * self.open_s + 0.3 * took
+        stream.held = False
         return True
 
 
@@ -476,6 +556,8 @@ class EngineWorker:
         self._batched: _Batch | bool | None = None
         """The engine's batch once known (False: it does not batch)."""
         self._watches: set[asyncio.Task[None]] = set()
+        self._sample_rate = int(getattr(getattr(engine, "info", None), "sample_rate", 0) or 24000)
+        """The engine's output rate (``load``): a paced stream's audio seconds from its samples."""
 
     async def _call(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -486,7 +568,9 @@ class EngineWorker:
             self._thread_ident = threading.get_ident()
             return self.engine.load_blocking()
 
-        return await self._call(load_blocking)
+        info = await self._call(load_blocking)
+        self._sample_rate = info.sample_rate
+        return info
 
     async def warmup(self) -> None:
         await self._call(self.engine.warmup_blocking)
@@ -543,8 +627,12 @@ class EngineWorker:
                 try:
                     chunk = await stream.get(self.stall_timeout_s)
                 except EngineTimeout as exc:
-                    if isinstance(stream, _BatchStream) and stream.waiting_for_place():
-                        continue  # the batch is full: its streams' own timeouts watch the engine
+                    if (
+                        isinstance(stream, _BatchStream)
+                        and stream._over_budget() is None
+                        and stream.waited_lately(self.stall_timeout_s)
+                    ):
+                        continue  # the batch was full, or the speaker went first: others' timeouts watch
                     if self._watches:
                         # Queued behind an earlier request's engine run that has not returned:
                         # not this one's fault. Wait for the verdict (recovered, or wedged).
@@ -578,7 +666,7 @@ class EngineWorker:
                 def submit(fn: Callable[[], None]) -> None:
                     self._pool.submit(fn)
 
-                self._batched = _Batch(self.engine, submit, size)
+                self._batched = _Batch(self.engine, submit, size, self._sample_rate)
             else:
                 self._batched = False
         return self._batched if isinstance(self._batched, _Batch) else None

@@ -1,0 +1,166 @@
+"""A paced stream (the speaker's) comes first in a batching engine's steps: while its audio is not
+``LEAD_S`` ahead of playing time, other requests are neither opened nor stepped, so they cannot
+make it stutter; once it is far enough ahead (a fast engine), they share its steps."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from s2s_daemon.tts.engine import DeviceMemory, ShouldStop, SynthesisRequest
+from s2s_daemon.tts.worker import LEAD_S, EngineWorker
+
+pytestmark = pytest.mark.timeout(60)
+
+FRAME = 1920
+"""Samples a step makes per request: 80 ms at 24 kHz, as the torch engine's frames."""
+
+
+class _Synthesis:
+    def __init__(self, name: str, frames: int) -> None:
+        self.name = name
+        self.left = frames
+        self.done = False
+        self._made: list[np.ndarray] = []
+
+    def take(self) -> list[np.ndarray]:
+        made, self._made = self._made, []
+        return made
+
+    def stop(self) -> None:
+        self.done = True
+
+
+class StepEngine:
+    """A batching engine whose steps take ``step_s`` and make one frame of each request; requests
+    are ``name:frames``. Records which requests every step ran."""
+
+    def __init__(self, step_s: float, open_s: float = 0.0, size: int = 4) -> None:
+        self.step_s = step_s
+        self.open_s = open_s
+        self.size = size
+        self.steps: list[tuple[float, frozenset[str]]] = []
+        self.threads: set[int] = set()
+
+    @property
+    def max_batch(self) -> int:
+        return self.size
+
+    def open_blocking(self, request: SynthesisRequest, should_stop: ShouldStop) -> _Synthesis:
+        time.sleep(self.open_s)
+        name, frames = request.text.split(":")
+        return _Synthesis(name, int(frames))
+
+    def step_blocking(self, batch: list[_Synthesis]) -> None:
+        self.threads.add(threading.get_ident())
+        time.sleep(self.step_s)
+        live = [s for s in batch if not s.done]
+        self.steps.append((time.monotonic(), frozenset(s.name for s in live)))
+        for s in live:
+            s._made.append(np.zeros(FRAME, np.float32))
+            s.left -= 1
+            s.done = s.left <= 0
+
+    def synthesize_blocking(self, request: SynthesisRequest, should_stop: ShouldStop) -> Iterator[np.ndarray]:
+        raise AssertionError("a batching engine's requests go through open_blocking and step_blocking")
+
+    def memory_blocking(self) -> DeviceMemory:
+        return DeviceMemory("none")
+
+    def close_blocking(self) -> None:
+        return None
+
+
+def _request(name: str, frames: int, paced: bool) -> SynthesisRequest:
+    return SynthesisRequest(text=f"{name}:{frames}", voice=None, language="auto", chunk_frames=1, paced=paced)
+
+
+async def _consume(worker: EngineWorker, request: SynthesisRequest, delay_s: float = 0.0) -> list[float]:
+    """The arrival times of the request's chunks."""
+    await asyncio.sleep(delay_s)
+    times = []
+    async for _ in worker.stream(request, lambda: False):
+        times.append(time.monotonic())
+    return times
+
+
+async def test_on_a_slow_engine_the_speaker_runs_alone_and_the_caller_after_it() -> None:
+    # 80 ms of audio per 120 ms step: slower than real time. The caller arrives mid-utterance;
+    # its audio must come after the speaker's (stall timeout shorter than its wait: no failure).
+    engine = StepEngine(step_s=0.12)
+    worker = EngineWorker(engine, stall_timeout_s=0.6)  # type: ignore[arg-type]
+    speaker, caller = await asyncio.gather(
+        _consume(worker, _request("speaker", 12, paced=True)), _consume(worker, _request("caller", 3, False), 0.3)
+    )
+    await worker.close()
+    assert len(speaker) == 12 and len(caller) == 3
+    assert all(names == {"speaker"} for _, names in engine.steps[:12])  # never slowed by the caller
+    assert caller[0] > speaker[-1]
+
+
+async def test_on_a_slow_engine_a_caller_already_open_waits_while_the_speaker_runs() -> None:
+    # The caller began first; once the speaker's request is open, the caller is out of the steps
+    # until the speaker's last frame, then goes on where it was.
+    engine = StepEngine(step_s=0.12)
+    worker = EngineWorker(engine, stall_timeout_s=0.6)  # type: ignore[arg-type]
+    caller, speaker = await asyncio.gather(
+        _consume(worker, _request("caller", 8, False)), _consume(worker, _request("speaker", 10, paced=True), 0.3)
+    )
+    await worker.close()
+    assert len(caller) == 8 and len(speaker) == 10
+    names = [n for _, n in engine.steps]
+    first, last = names.index(frozenset({"speaker"})), max(i for i, n in enumerate(names) if "speaker" in n)
+    assert 0 < first and all(n == {"speaker"} for n in names[first : last + 1])
+    assert caller[-1] > speaker[-1]
+
+
+async def test_without_pacing_the_caller_shares_the_speakers_steps() -> None:
+    # The same two requests, neither paced: the batch takes the caller in at once (what the
+    # first test rules out, so that test can tell).
+    engine = StepEngine(step_s=0.12)
+    worker = EngineWorker(engine, stall_timeout_s=5)  # type: ignore[arg-type]
+    await asyncio.gather(
+        _consume(worker, _request("speaker", 12, paced=False)), _consume(worker, _request("caller", 3, False), 0.3)
+    )
+    await worker.close()
+    assert any(names == {"speaker", "caller"} for _, names in engine.steps)
+
+
+async def test_on_a_fast_engine_the_caller_joins_once_the_speaker_is_far_enough_ahead() -> None:
+    # 80 ms of audio per 10 ms step: the speaker's lead grows by 7 s a second; the caller is
+    # opened once the lead covers LEAD_S and a prefill, then shares the speaker's steps.
+    engine = StepEngine(step_s=0.01)
+    worker = EngineWorker(engine, stall_timeout_s=5)  # type: ignore[arg-type]
+    started = time.monotonic()
+    speaker, caller = await asyncio.gather(
+        _consume(worker, _request("speaker", 120, paced=True)), _consume(worker, _request("caller", 20, False), 0.05)
+    )
+    await worker.close()
+    assert len(speaker) == 120 and len(caller) == 20
+    shared = [at for at, names in engine.steps if names == {"speaker", "caller"}]
+    assert shared, "the caller never shared a step"
+    # When it first did, the speaker had made more audio than could have played, by LEAD_S.
+    made = sum(1 for at, names in engine.steps if "speaker" in names and at < shared[0]) * FRAME / 24000
+    assert made - (shared[0] - started) >= LEAD_S
+    assert caller[-1] < speaker[-1]  # done while the speaker still went on: no waiting for its end
+
+
+async def test_a_speaker_waiting_for_a_place_lets_the_open_callers_finish() -> None:
+    # Both places taken by callers: the speaker cannot be opened, so it must not hold them.
+    engine = StepEngine(step_s=0.02, size=2)
+    worker = EngineWorker(engine, stall_timeout_s=5)  # type: ignore[arg-type]
+    results = await asyncio.wait_for(
+        asyncio.gather(
+            _consume(worker, _request("a", 10, False)),
+            _consume(worker, _request("b", 10, False)),
+            _consume(worker, _request("speaker", 5, paced=True), 0.05),
+        ),
+        timeout=20,
+    )
+    await worker.close()
+    assert [len(r) for r in results] == [10, 10, 5]
