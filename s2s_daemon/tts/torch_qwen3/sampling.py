@@ -29,6 +29,17 @@ def choose(
     if greedy or not settings.do_sample:
         return logits.argmax(dim=-1, keepdim=True)
     scores = logits / settings.temperature if settings.temperature not in (0.0, 1.0) else logits
+    if scores.device.type == "cpu" and 0 < settings.top_k < scores.shape[-1]:
+        kept = top_k_probabilities(scores, settings)
+        if kept is not None:
+            probs, ids = kept
+            return ids.gather(-1, torch.multinomial(probs, num_samples=1, generator=generator))
+    return torch.multinomial(filtered_probabilities(scores, settings), num_samples=1, generator=generator)
+
+
+def filtered_probabilities(scores: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:
+    """The distribution HF draws from: ``scores`` (temperature applied) through top-k and top-p,
+    softmax over the whole vocabulary ``[1, V]``."""
     if settings.top_k > 0:
         k = min(settings.top_k, scores.shape[-1])
         kth = torch.topk(scores, k, dim=-1).values[..., -1:]
@@ -40,5 +51,22 @@ def choose(
         remove_sorted[..., -1:] = False
         remove = remove_sorted.scatter(-1, order, remove_sorted)
         scores = scores.masked_fill(remove, float("-inf"))
-    probs = scores.softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator)
+    return scores.softmax(dim=-1)
+
+
+def top_k_probabilities(scores: torch.Tensor, settings: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``filtered_probabilities`` on the ``top_k`` candidates alone: (their probabilities, their ids),
+    both ``[1, top_k]``; None when a tie at the k-th score makes HF's mask keep more than ``top_k``
+    (or fewer than ``top_k`` scores are finite). Top-p, softmax and the draw then cost ``top_k``
+    elements, not the vocabulary's (the code predictor draws 15 times a frame from 2,048)."""
+    k = settings.top_k
+    values, ids = torch.topk(scores, k, dim=-1)  # descending
+    if int((scores >= values[..., -1:]).sum()) != k * scores.shape[0]:  # a CPU tensor: no device sync
+        return None
+    if settings.top_p < 1.0:
+        ascending = values.flip(-1)
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+        remove = cumulative <= (1.0 - settings.top_p)
+        remove[..., -1:] = False
+        values = ascending.masked_fill(remove, float("-inf")).flip(-1)
+    return values.softmax(dim=-1), ids
