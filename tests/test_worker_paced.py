@@ -1,6 +1,7 @@
-"""A paced stream (the speaker's) comes first in a batching engine's steps: while its audio is not
-``LEAD_S`` ahead of playing time, other requests are neither opened nor stepped, so they cannot
-make it stutter; once it is far enough ahead (a fast engine), they share its steps."""
+"""A paced stream (the speaker's) comes first: while its audio is not ``LEAD_S`` ahead of playing
+time, other requests are neither opened nor stepped in a batching engine's steps, nor given turns
+on an engine that does not batch, so they cannot make it stutter; once it is far enough ahead (a
+fast engine), they share its steps or take turns with it."""
 
 from __future__ import annotations
 
@@ -164,3 +165,52 @@ async def test_a_speaker_waiting_for_a_place_lets_the_open_callers_finish() -> N
     )
     await worker.close()
     assert [len(r) for r in results] == [10, 10, 5]
+
+
+class TurnEngine:
+    """An engine that does not batch: its requests take turns a chunk at a time (the worker's
+    ``crowded`` streams); each chunk takes ``chunk_s`` and is one frame. Records the order."""
+
+    def __init__(self, chunk_s: float) -> None:
+        self.chunk_s = chunk_s
+        self.made: list[str] = []
+
+    def synthesize_blocking(self, request: SynthesisRequest, should_stop: ShouldStop) -> Iterator[np.ndarray]:
+        name, frames = request.text.split(":")
+        for _ in range(int(frames)):
+            if should_stop():
+                return
+            time.sleep(self.chunk_s)
+            self.made.append(name)
+            yield np.zeros(FRAME, np.float32)
+
+    def memory_blocking(self) -> DeviceMemory:
+        return DeviceMemory("none")
+
+    def close_blocking(self) -> None:
+        return None
+
+
+async def test_taking_turns_on_a_slow_engine_the_caller_waits_for_the_speaker() -> None:
+    engine = TurnEngine(chunk_s=0.12)
+    worker = EngineWorker(engine, stall_timeout_s=0.6)  # type: ignore[arg-type]
+    speaker, caller = await asyncio.gather(
+        _consume(worker, _request("speaker", 10, paced=True)), _consume(worker, _request("caller", 3, False), 0.3)
+    )
+    await worker.close()
+    assert len(speaker) == 10 and len(caller) == 3
+    assert engine.made == ["speaker"] * 10 + ["caller"] * 3  # no turn of the caller's in between
+
+
+async def test_taking_turns_on_a_fast_engine_the_caller_gets_turns_once_the_speaker_is_ahead() -> None:
+    engine = TurnEngine(chunk_s=0.01)
+    worker = EngineWorker(engine, stall_timeout_s=5)  # type: ignore[arg-type]
+    speaker, caller = await asyncio.gather(
+        _consume(worker, _request("speaker", 150, paced=True)), _consume(worker, _request("caller", 10, False), 0.05)
+    )
+    await worker.close()
+    assert len(speaker) == 150 and len(caller) == 10
+    last_caller = max(i for i, name in enumerate(engine.made) if name == "caller")
+    assert "speaker" in engine.made[last_caller:]  # the caller was done before the speaker
+    first_caller = engine.made.index("caller")
+    assert first_caller * FRAME / 24000 >= LEAD_S  # not before the speaker was LEAD_S of audio ahead

@@ -140,7 +140,8 @@ class _Stream:
     The engine thread runs the generator ahead of the consumer until ``capacity`` chunks
     wait, then *returns* (so other engine calls, e.g. memory figures, can run) and is
     resubmitted once the consumer has taken half of them. While other streams share the thread
-    (``crowded``) it takes turns with them, a chunk each. The event loop is woken only
+    (``crowded``) it takes turns with them, a chunk each; one that is not paced waits its turns
+    out while a paced one is not ``LEAD_S`` ahead (``defer``). The event loop is woken only
     when it is actually waiting: a zero-cost utterance costs one hop, not one per chunk.
     Every generator operation (create, advance, close) happens on the engine thread.
     """
@@ -172,6 +173,19 @@ class _Stream:
         self.budget = budget or _Budget(None)
         self._running_since: float | None = None
         """When the engine thread entered ``produce`` (None while it is not in it)."""
+        self.paced = False
+        """Its request is paced (``SynthesisRequest.paced``): its chunks count toward its
+        utterance's lead (``_Budget.lead_s``)."""
+        self.sample_rate = 24000
+        self.defer: Callable[[bool], bool] | None = None
+        """Among streams taking turns, for one not paced: whether a paced one must go first now
+        (True: before its first chunk, which takes a prefill)."""
+        self.held = False
+        """Kept from the engine for a paced stream's sake (read by the consumer: no chunk while held
+        is no stall)."""
+        self.active_since = 0.0
+        """When it last began to run after being held (monotonic): a stall counts from then, not
+        from when its consumer began to wait."""
 
     # -- engine thread -----------------------------------------------------------------
 
@@ -189,6 +203,8 @@ class _Stream:
             if self._chunks is None:
                 if self.closed:
                     return
+                if self._held_back(opening=True):
+                    return
                 self._chunks = iter(self._start())
             while True:
                 with self._lock:
@@ -197,6 +213,8 @@ class _Stream:
                     if len(self._items) >= self._capacity:
                         self._paused = True
                         return
+                if self._held_back(opening=False):
+                    return
                 chunk = next(self._chunks, _END)
                 if chunk is _END:
                     self._finish(None)
@@ -214,7 +232,38 @@ class _Stream:
         if close is not None:
             close()
 
+    def _held_back(self, opening: bool) -> bool:
+        """(Engine thread) a paced stream goes first: requeue behind it instead of running now."""
+        if self.defer is None or not self.defer(opening):
+            self.unhold()
+            return False
+        if not self.held:
+            self.held = True
+            log.info("held_for_speaker")
+        self._submit(self.produce)
+        return True
+
+    def unhold(self) -> None:
+        if self.held:
+            self.held = False
+            self.active_since = time.monotonic()
+
+    def waited_lately(self, stall_timeout_s: float | None) -> bool:
+        """Held, or less than ``stall_timeout_s`` out of it (event loop)."""
+        if self.held:
+            return True
+        return stall_timeout_s is not None and time.monotonic() - self.active_since < stall_timeout_s
+
+    def runnable(self) -> bool:
+        with self._lock:
+            return not (self.closed or self._paused or self._finished)
+
     def _put(self, chunk: Samples) -> None:
+        if self.paced:
+            budget = self.budget
+            if budget.first_at is None:
+                budget.first_at = time.monotonic()
+            budget.made_s += len(chunk) / self.sample_rate
         with self._lock:
             self._items.append(chunk)
             waiter, self._waiter = self._waiter, None
@@ -330,23 +379,10 @@ class _BatchStream(_Stream):
         self.should_stop = should_stop
         self.synthesis: BatchSynthesis | None = None
         self.joined = False
-        self.held = False
-        """Kept out of the steps (or not opened) for a paced stream's sake (read by the consumer:
-        no chunk while held is no stall)."""
-        self.active_since = 0.0
-        """When it last began to be opened or stepped after waiting (monotonic): a stall is counted
-        from then, not from when its consumer began to wait."""
-
-    def unhold(self) -> None:
-        if self.held:
-            self.held = False
-            self.active_since = time.monotonic()
 
     def waited_lately(self, stall_timeout_s: float | None) -> bool:
         """Waiting for a place or held, or less than ``stall_timeout_s`` out of it (event loop)."""
-        if self.waiting_for_place() or self.held:
-            return True
-        return stall_timeout_s is not None and time.monotonic() - self.active_since < stall_timeout_s
+        return self.waiting_for_place() or super().waited_lately(stall_timeout_s)
 
     def produce(self) -> None:
         """(Engine thread) join the batch, or resume after a pause: the batch steps it."""
@@ -365,19 +401,10 @@ class _BatchStream(_Stream):
         with self._lock:
             return self.joined and self.synthesis is None and not self._finished and not self.closed
 
-    def runnable(self) -> bool:
-        with self._lock:
-            return not (self.closed or self._paused or self._finished)
-
     def deliver(self) -> None:
         """(Engine thread) hand on what the last step made; end the stream when its synthesis did."""
         assert self.synthesis is not None
         for chunk in self.synthesis.take():
-            if self.request.paced:
-                budget = self.budget
-                if budget.first_at is None:
-                    budget.first_at = time.monotonic()
-                budget.made_s += len(chunk) / self.batch.sample_rate
             self._put(chunk)
         if self.synthesis.done:
             self.batch.leave(self)  # before the consumer hears of the end
@@ -403,13 +430,10 @@ class _Batch:
     (the others wait for it); on a fast one the others join once it is far enough ahead.
     """
 
-    def __init__(
-        self, engine: BatchEngine, submit: Callable[[Callable[[], None]], None], size: int, sample_rate: int = 24000
-    ) -> None:
+    def __init__(self, engine: BatchEngine, submit: Callable[[Callable[[], None]], None], size: int) -> None:
         self.engine = engine
         self.submit = submit
         self.size = size
-        self.sample_rate = sample_rate
         self.open_s = OPEN_S
         """A prefill's expected time: a running mean of those measured (engine thread)."""
         self._streams: list[_BatchStream] = []
@@ -441,12 +465,12 @@ class _Batch:
         # prefill, not after four); another only when the speaker is far enough ahead.
         lead = self._speaker_lead_s()
         opened = sum(1 for s in self._streams if s.synthesis is not None and not s.closed)
-        for stream in sorted(self._streams, key=lambda s: not s.request.paced):
+        for stream in sorted(self._streams, key=lambda s: not s.paced):
             if stream.closed or stream.synthesis is not None:
                 continue
             if opened >= self.size:
                 break
-            if not stream.request.paced and lead < LEAD_S + self.open_s:
+            if not stream.paced and lead < LEAD_S + self.open_s:
                 self._hold(stream, lead)
                 break
             if self._open(stream):
@@ -457,7 +481,7 @@ class _Batch:
         for stream in list(self._streams):
             if stream.closed or stream.synthesis is None or not stream.runnable():
                 continue
-            if not stream.request.paced and lead < LEAD_S:
+            if not stream.paced and lead < LEAD_S:
                 self._hold(stream, lead)
                 continue
             stream.unhold()
@@ -491,11 +515,7 @@ class _Batch:
         infinity when there is none (one waiting for a place holds nobody: they must finish to
         make it one)."""
         now = time.monotonic()
-        leads = [
-            s.budget.lead_s(now)
-            for s in self._streams
-            if s.request.paced and s.synthesis is not None and not s.closed and s.runnable()
-        ]
+        leads = [s.budget.lead_s(now) for s in self._streams if s.paced and s.synthesis is not None and s.runnable()]
         return min(leads, default=float("inf"))
 
     @staticmethod
@@ -619,6 +639,10 @@ class EngineWorker:
                 budget,
                 crowded=lambda: len(self._active) > 1,
             )
+            if not request.paced:
+                stream.defer = self._speaker_first
+        stream.paced = request.paced
+        stream.sample_rate = self._sample_rate
         self._active.add(stream)
         failed: EngineTimeout | None = None
         submit(stream.produce)
@@ -627,11 +651,7 @@ class EngineWorker:
                 try:
                     chunk = await stream.get(self.stall_timeout_s)
                 except EngineTimeout as exc:
-                    if (
-                        isinstance(stream, _BatchStream)
-                        and stream._over_budget() is None
-                        and stream.waited_lately(self.stall_timeout_s)
-                    ):
+                    if stream._over_budget() is None and stream.waited_lately(self.stall_timeout_s):
                         continue  # the batch was full, or the speaker went first: others' timeouts watch
                     if self._watches:
                         # Queued behind an earlier request's engine run that has not returned:
@@ -657,6 +677,13 @@ class EngineWorker:
                 if failed is None and self.wedged is None:
                     await asyncio.shield(watch)
 
+    def _speaker_first(self, opening: bool) -> bool:
+        """(Engine thread, streams taking turns) whether a paced stream that can make a chunk is less
+        than ``LEAD_S`` ahead of playing time (plus ``OPEN_S`` for a stream about to start)."""
+        now = time.monotonic()
+        leads = [s.budget.lead_s(now) for s in list(self._active) if s.paced and s.runnable()]
+        return min(leads, default=float("inf")) < LEAD_S + (OPEN_S if opening else 0.0)
+
     def _batch(self) -> _Batch | None:
         """The batch of an engine that decodes several requests together; None for one that does not."""
         if self._batched is None:
@@ -666,7 +693,7 @@ class EngineWorker:
                 def submit(fn: Callable[[], None]) -> None:
                     self._pool.submit(fn)
 
-                self._batched = _Batch(self.engine, submit, size, self._sample_rate)
+                self._batched = _Batch(self.engine, submit, size)
             else:
                 self._batched = False
         return self._batched if isinstance(self._batched, _Batch) else None
