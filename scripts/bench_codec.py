@@ -1,15 +1,18 @@
-"""The codec decoder's convs of many columns as one product per tap (what the decoder does)
-against oneDNN's convolution on a contiguous copy of the weight (what it did before 2 December
-2026), side by side in one process on the CPU.
+"""The codec decoder on the CPU as it runs now against two earlier forms, side by side in one
+process: "blocked", every few-column GEMM of up to 64 rows on the native kernels (before
+2 December 2026 08:10, when ``native_row_limit`` began to send those of more than 4 rows to the
+BLAS where it is the faster); "oneDNN", that and the convs of many columns through oneDNN's
+convolution on a contiguous copy of the weight (before 07:00, when they became one product per
+tap).
 
     .venv/bin/python -m s2s_daemon.tools.make_checkpoint ./cv06 --size 0.6b --kind custom_voice
     .venv/bin/python scripts/bench_codec.py ./cv06 [--threads 2] [--rounds 4] [--chunks 1,4]
 
-Streams random codes through both forms (native kernels on, as the engine runs it), one stream per
-form with their pushes alternating so that the machine's drift falls on all alike: a 20-frame warm
-start, then ``--pushes`` pushes of each chunk size. Prints milliseconds per frame, oneDNN's ratio
-to the tap products push by push, and how far its audio is from theirs (largest difference;
-signal-to-noise ratio in dB).
+Streams random codes through each form (native kernels on, as the engine loads them), one stream
+per form with their pushes alternating so that the machine's drift falls on all alike: a 20-frame
+warm start, then ``--pushes`` pushes of each chunk size. Prints milliseconds per frame, each
+earlier form's ratio to now push by push, and how far its audio is from now's (largest
+difference; signal-to-noise ratio in dB).
 """
 
 from __future__ import annotations
@@ -47,10 +50,16 @@ def main() -> int:
         print(f"no native kernels here ({native.unavailable_reason()}): nothing to compare")
         return 1
     decoders = {}
-    for name in ("taps", "oneDNN"):
+    for name in ("now", "blocked", "oneDNN"):
         decoder = codec_mod.CodecDecoder.from_folder(folder)
         native.pack_linears(decoder, "float32", ext)  # as the engine loads it
         decoder.use_native(ext)
+        if name != "now":  # every few-row GEMM of up to 64 rows on the native kernels, as before
+            for module in decoder.modules():
+                if isinstance(module, (codec_mod.CausalConv1d, codec_mod.CausalConvTranspose1d)):
+                    module.native_rows = int(ext.MAX_BLOCKED_ROWS)
+                elif isinstance(module, native.PackedLinear):
+                    module.max_rows = int(ext.MAX_BLOCKED_ROWS)
         decoders[name] = decoder
     print(machine_line(f"{args.threads} threads", f"{args.rounds} rounds"))
 
@@ -92,7 +101,7 @@ def main() -> int:
         for name, values in times.items():
             q = statistics.quantiles(values, n=4)
             line = (
-                f"  {name:>6}: {statistics.median(values):6.1f} ms per frame"
+                f"  {name:>7}: {statistics.median(values):6.1f} ms per frame"
                 f" (quartiles {q[0]:.1f}-{q[2]:.1f}, least {min(values):.1f})"
             )
             if name != first:

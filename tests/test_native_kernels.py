@@ -307,6 +307,7 @@ def test_codec_decoder_on_native_kernels_equals_plain_torch(ext: Any) -> None:
             module.relayout()
     counting = _Counting(ext)
     assert fast.use_native(counting) > 0
+    counting.calls.clear()  # use_native timed the kernels once (native_row_limit)
     codes = torch.randint(0, 64, (13, 16), generator=torch.Generator().manual_seed(1))
     expected = plain.decode(codes)
     assert expected.abs().mean() > 1e-3  # not silence
@@ -316,3 +317,39 @@ def test_codec_decoder_on_native_kernels_equals_plain_torch(ext: Any) -> None:
         assert float((got - expected).abs().max()) < 1e-4
     assert counting.calls.get("linear", 0) > 0  # the pre-conv, first conv and transposed convs
     assert counting.calls.get("snake", 0) > 0
+
+
+def _slowed(fn: Any, delay_s: float) -> Any:
+    import time
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(delay_s)
+        return fn(*args, **kwargs)
+
+    return slow
+
+
+class _SlowLinear:
+    """The extension with its ``linear`` 50 ms slower."""
+
+    def __init__(self, ext: Any) -> None:
+        self._ext = ext
+        self.linear = _slowed(ext.linear, 0.05)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ext, name)
+
+
+def test_native_row_limit_takes_the_blas_beyond_the_streaming_rows_where_it_is_faster(ext: Any) -> None:
+    from s2s_daemon.tts.torch_qwen3.codec import native_row_limit
+
+    assert native_row_limit(_SlowLinear(ext), torch.randn(64, 64)) == ext.MAX_STREAM_ROWS
+
+
+def test_native_row_limit_keeps_the_blocked_product_where_the_blas_is_slower(
+    ext: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from s2s_daemon.tts.torch_qwen3.codec import native_row_limit
+
+    monkeypatch.setattr(torch, "mm", _slowed(torch.mm, 0.05))
+    assert native_row_limit(ext, torch.randn(64, 64)) == ext.MAX_BLOCKED_ROWS

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,36 @@ def _few_row_gemm(ext: Any, rows: Tensor, weight: Tensor, bias: Tensor | None) -
     return out
 
 
+def native_row_limit(ext: Any, weight: Tensor, columns: int = 16, reps: int = 3) -> int:
+    """Up to how many rows the codec's few-row GEMMs go to the native kernels on this machine: their
+    weight-streaming kernel (``ext.MAX_STREAM_ROWS`` rows) always; their register-blocked product
+    (up to ``ext.MAX_BLOCKED_ROWS``) only where torch's BLAS is slower with ``columns`` rows of
+    ``weight`` [N, K], timed here (best of ``reps``).
+
+    Which wins depends on the BLAS: on the 2-core AMD EPYC it packed the 75 MB weight of the
+    1536 -> 768, k=16 transposed conv at 3-4 GB/s for 5-17 columns (20-24 ms a push against the
+    native 10 ms, 30 November 2026); on the 2-core Intel Xeon it took 4.6 ms for 16 columns
+    against the native 10.4 (2 December 2026, 2 threads).
+    """
+    x = torch.randn(columns, weight.shape[1], dtype=weight.dtype)
+
+    def best(run: Any) -> float:
+        run()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    with torch.inference_mode():
+        native = best(lambda: _few_row_gemm(ext, x, weight, None))
+        blas = best(lambda: torch.mm(weight, x.t()))
+    rows = int(ext.MAX_STREAM_ROWS) if blas < native else int(ext.MAX_BLOCKED_ROWS)
+    log.info("codec_native_rows", rows=rows, native_ms=round(native * 1000, 2), blas_ms=round(blas * 1000, 2))
+    return rows
+
+
 class CausalConv1d(nn.Module):
     """Conv1d padded on the left by ``(k - 1) * d`` (stride 1); streams with a column buffer."""
 
@@ -197,6 +228,8 @@ class CausalConv1d(nn.Module):
         self.ext: Any = None
         """The native CPU kernels for the few-column GEMM, where ``CodecDecoder.use_native`` found the
         weight fit for them; else None."""
+        self.native_rows = 0
+        """Output columns up to which ``ext`` runs the GEMM (``CodecDecoder.use_native``)."""
 
     def relayout(self) -> None:
         """Store the weight tap-major (``weight_taps``) for the GEMM paths; call after loading, on the
@@ -234,7 +267,7 @@ class CausalConv1d(nn.Module):
         bias = conv.bias
         if kernel > 1 and t <= GEMM_MAX_COLUMNS:
             # Rows [t, kernel * cin] (index j * cin + c, as the taps'), one per output column.
-            if self.ext is not None and batch == 1 and t <= self.ext.MAX_BLOCKED_ROWS:
+            if self.ext is not None and batch == 1 and t <= self.native_rows:
                 rows = torch.cat([padded[0, :, j * d : j * d + t].t() for j in range(kernel)], dim=1)
                 out_rows = _few_row_gemm(self.ext, rows, taps.view(cout, kernel * cin), bias)
                 return out_rows.t().unsqueeze(0)
@@ -280,6 +313,8 @@ class CausalConvTranspose1d(nn.Module):
         self.ext: Any = None
         """The native CPU kernels for the GEMM, where ``CodecDecoder.use_native`` found ``weight_t``
         fit for them; else None."""
+        self.native_rows = 0
+        """Input columns up to which ``ext`` runs the GEMM (``CodecDecoder.use_native``)."""
         self.stride = stride
         self.trim = kernel - stride
         self.context = kernel // stride - 1
@@ -308,7 +343,7 @@ class CausalConvTranspose1d(nn.Module):
         m = kernel // s
         columns = x.transpose(1, 2).reshape(batch * t, cin)
         wt = self.weight_t
-        if self.ext is not None and wt is not None and columns.shape[0] <= self.ext.MAX_BLOCKED_ROWS:
+        if self.ext is not None and wt is not None and columns.shape[0] <= self.native_rows:
             z = _few_row_gemm(self.ext, columns, wt, None).view(batch, t, cout, m, s)
         elif wt is not None and wt.dtype == x.dtype and wt.device == x.device:
             # [out * kernel, in] row-major: W @ x^T is 1.5-3x faster than x @ W for a few rows.
@@ -680,9 +715,25 @@ class CodecDecoder(nn.Module):
 
     def use_native(self, ext: Any) -> int:
         """Run the few-column GEMMs of the convs and the SnakeBeta activations through the native
-        float32 kernels; returns how many layers take them (call after loading, on the CPU in float32)."""
+        float32 kernels; returns how many layers take them (call after loading, on the CPU in float32).
+
+        Up to how many columns: ``native_row_limit`` measures it once on this machine's BLAS (the
+        largest transposed conv's weight), for these convs and the decoder's float32 ``PackedLinear``s.
+        """
+        from s2s_daemon.tts.torch_qwen3.native import PackedLinear
+
+        largest = max(
+            (m.weight_t for m in self.modules() if isinstance(m, CausalConvTranspose1d) and m.weight_t is not None),
+            key=lambda w: w.numel(),
+            default=None,
+        )
+        rows = native_row_limit(ext, largest) if largest is not None and _takes_native_gemm(largest, None) else 0
         count = 0
         for module in self.modules():
+            if isinstance(module, (CausalConv1d, CausalConvTranspose1d)):
+                module.native_rows = rows
+            elif isinstance(module, PackedLinear) and module.fmt == "float32":
+                module.max_rows = min(module.max_rows, rows or int(ext.MAX_BLOCKED_ROWS))
             if isinstance(module, CausalConv1d):
                 taps = module.weight_taps
                 if (

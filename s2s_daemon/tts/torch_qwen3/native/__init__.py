@@ -364,14 +364,16 @@ class PackedLinear(nn.Module):
         self.bias = bias
         self._code = FORMATS[fmt]
         self._ext = ext
-        self._max_rows = int(ext.MAX_BLOCKED_ROWS)
+        self.max_rows = int(ext.MAX_BLOCKED_ROWS)
+        """Rows of input up to which the kernels run; a float32 weight takes torch's BLAS beyond
+        (``CodecDecoder.use_native`` lowers it where the BLAS is the faster one)."""
         self.weight_bytes = sum(t.numel() * t.element_size() for t in (data, scales, mins) if t is not None)
         self.handle = ext.Packed(self._code, data, scales, mins, self.bias, self.out_features, self.in_features,
                                  self.group)  # fmt: skip
         """The same weight for ``Stack`` (shares the tensors)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._code == 0 and x.numel() > self._max_rows * self.in_features:
+        if self._code == 0 and x.numel() > self.max_rows * self.in_features:
             return F.linear(x, self.data, self.bias)
         return self._ext.linear(  # type: ignore[no-any-return]
             x, self._code, self.data, self.scales, self.mins, self.out_features, self.group, self.bias
