@@ -1,0 +1,70 @@
+"""The torch engine's steady cost per frame with audio, past its first chunk: a long utterance's
+frames after the first chunk (prefill and first frame excluded) divided by the time they took,
+for two chunk sizes side by side in one process, rounds alternating.
+
+    .venv/bin/python -m s2s_daemon.tools.make_checkpoint ./cv06 --size 0.6b --kind custom_voice
+    .venv/bin/python scripts/bench_steady.py ./cv06 [--format int4] [--frames 64] [--chunks 4,16] [--threads 2]
+
+Real time is 80 ms a frame (12.5 frames a second). Random weights never end an utterance early:
+``--frames`` caps it (``tts.options.max_frames``). Greedy; the prompt is kept between rounds (the
+prefix cache), which does not touch the figure: it starts after the first chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="checkpoint folder (e.g. a random 0.6B CustomVoice from make_checkpoint)")
+    parser.add_argument("--format", default="int4", help="none, int8 or int4")
+    parser.add_argument("--frames", type=int, default=64)
+    parser.add_argument("--chunks", default="4,16", help="chunk sizes in frames, comma-separated")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    from dataclasses import replace
+
+    from s2s_daemon.bench.report import machine_line
+    from s2s_daemon.bench.torch_cpu import cpu_engine
+    from s2s_daemon.tts.engine import SynthesisRequest
+
+    engine = cpu_engine(args.model, args.format, args.threads, max_frames=str(args.frames))
+    assert engine.info is not None
+    voice = engine.info.voices[0] if engine.info.voices else None
+    request = SynthesisRequest(
+        text="The quick brown fox jumps over the lazy dog near the river bank today.",
+        voice=voice,
+        language="english",
+        greedy=True,
+    )
+    chunks = [int(c) for c in args.chunks.split(",")]
+    print(machine_line(f"{args.threads} threads", f"{args.format}", f"{args.frames} frames", f"{args.rounds} rounds"))
+    steady: dict[int, list[float]] = {c: [] for c in chunks}
+    for _ in range(args.rounds):
+        for chunk in chunks:
+            first_at: float | None = None
+            first_samples = samples = 0
+            for piece in engine.synthesize_blocking(replace(request, chunk_frames=chunk), lambda: False):
+                samples += len(piece)
+                if first_at is None:
+                    first_at, first_samples = time.perf_counter(), len(piece)
+            end = time.perf_counter()
+            frames = (samples - first_samples) / 1920
+            if first_at is not None and frames > 0:
+                steady[chunk].append((end - first_at) * 1000 / frames)
+    for chunk, values in steady.items():
+        print(
+            f"chunks of {chunk:>2} frames: {statistics.median(values):6.1f} ms a frame past the first chunk"
+            f" (range {min(values):.1f}-{max(values):.1f}; real time: 80)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
