@@ -90,15 +90,33 @@ async def _consume(worker: EngineWorker, request: SynthesisRequest, delay_s: flo
     return times
 
 
+async def _speaker_and_caller(
+    engine: object,
+    speaker_frames: int,
+    caller_frames: int,
+    *,
+    delay_s: float,
+    stall_timeout_s: float,
+    paced: bool = True,
+    caller_first: bool = False,
+) -> tuple[list[float], list[float]]:
+    """The arrival times of a speaker's request's chunks and a caller's, the later of the two
+    ``delay_s`` after the other, on one worker of ``engine``."""
+    worker = EngineWorker(engine, stall_timeout_s=stall_timeout_s)  # type: ignore[arg-type]
+    speaker, caller = _request("speaker", speaker_frames, paced), _request("caller", caller_frames, False)
+    if caller_first:
+        heard, spoken = await asyncio.gather(_consume(worker, caller), _consume(worker, speaker, delay_s))
+    else:
+        spoken, heard = await asyncio.gather(_consume(worker, speaker), _consume(worker, caller, delay_s))
+    await worker.close()
+    return spoken, heard
+
+
 async def test_on_a_slow_engine_the_speaker_runs_alone_and_the_caller_after_it() -> None:
     # 80 ms of audio per 120 ms step: slower than real time. The caller arrives mid-utterance;
     # its audio must come after the speaker's (stall timeout shorter than its wait: no failure).
     engine = StepEngine(step_s=0.12)
-    worker = EngineWorker(engine, stall_timeout_s=0.6)  # type: ignore[arg-type]
-    speaker, caller = await asyncio.gather(
-        _consume(worker, _request("speaker", 12, paced=True)), _consume(worker, _request("caller", 3, False), 0.3)
-    )
-    await worker.close()
+    speaker, caller = await _speaker_and_caller(engine, 12, 3, delay_s=0.3, stall_timeout_s=0.6)
     assert len(speaker) == 12 and len(caller) == 3
     assert all(names == {"speaker"} for _, names in engine.steps[:12])  # never slowed by the caller
     assert caller[0] > speaker[-1]
@@ -108,11 +126,7 @@ async def test_on_a_slow_engine_a_caller_already_open_waits_while_the_speaker_ru
     # The caller began first; once the speaker's request is open, the caller is out of the steps
     # until the speaker's last frame, then goes on where it was.
     engine = StepEngine(step_s=0.12)
-    worker = EngineWorker(engine, stall_timeout_s=0.6)  # type: ignore[arg-type]
-    caller, speaker = await asyncio.gather(
-        _consume(worker, _request("caller", 8, False)), _consume(worker, _request("speaker", 10, paced=True), 0.3)
-    )
-    await worker.close()
+    speaker, caller = await _speaker_and_caller(engine, 10, 8, delay_s=0.3, stall_timeout_s=0.6, caller_first=True)
     assert len(caller) == 8 and len(speaker) == 10
     names = [n for _, n in engine.steps]
     first, last = names.index(frozenset({"speaker"})), max(i for i, n in enumerate(names) if "speaker" in n)
@@ -124,11 +138,7 @@ async def test_without_pacing_the_caller_shares_the_speakers_steps() -> None:
     # The same two requests, neither paced: the batch takes the caller in at once (what the
     # first test rules out, so that test can tell).
     engine = StepEngine(step_s=0.12)
-    worker = EngineWorker(engine, stall_timeout_s=5)  # type: ignore[arg-type]
-    await asyncio.gather(
-        _consume(worker, _request("speaker", 12, paced=False)), _consume(worker, _request("caller", 3, False), 0.3)
-    )
-    await worker.close()
+    await _speaker_and_caller(engine, 12, 3, delay_s=0.3, stall_timeout_s=5, paced=False)
     assert any(names == {"speaker", "caller"} for _, names in engine.steps)
 
 
@@ -136,12 +146,8 @@ async def test_on_a_fast_engine_the_caller_joins_once_the_speaker_is_far_enough_
     # 80 ms of audio per 10 ms step: the speaker's lead grows by 7 s a second; the caller is
     # opened once the lead covers LEAD_S and a prefill, then shares the speaker's steps.
     engine = StepEngine(step_s=0.01)
-    worker = EngineWorker(engine, stall_timeout_s=5)  # type: ignore[arg-type]
     started = time.monotonic()
-    speaker, caller = await asyncio.gather(
-        _consume(worker, _request("speaker", 120, paced=True)), _consume(worker, _request("caller", 20, False), 0.05)
-    )
-    await worker.close()
+    speaker, caller = await _speaker_and_caller(engine, 120, 20, delay_s=0.05, stall_timeout_s=5)
     assert len(speaker) == 120 and len(caller) == 20
     shared = [at for at, names in engine.steps if names == {"speaker", "caller"}]
     assert shared, "the caller never shared a step"
@@ -193,22 +199,14 @@ class TurnEngine:
 
 async def test_taking_turns_on_a_slow_engine_the_caller_waits_for_the_speaker() -> None:
     engine = TurnEngine(chunk_s=0.12)
-    worker = EngineWorker(engine, stall_timeout_s=0.6)  # type: ignore[arg-type]
-    speaker, caller = await asyncio.gather(
-        _consume(worker, _request("speaker", 10, paced=True)), _consume(worker, _request("caller", 3, False), 0.3)
-    )
-    await worker.close()
+    speaker, caller = await _speaker_and_caller(engine, 10, 3, delay_s=0.3, stall_timeout_s=0.6)
     assert len(speaker) == 10 and len(caller) == 3
     assert engine.made == ["speaker"] * 10 + ["caller"] * 3  # no turn of the caller's in between
 
 
 async def test_taking_turns_on_a_fast_engine_the_caller_gets_turns_once_the_speaker_is_ahead() -> None:
     engine = TurnEngine(chunk_s=0.01)
-    worker = EngineWorker(engine, stall_timeout_s=5)  # type: ignore[arg-type]
-    speaker, caller = await asyncio.gather(
-        _consume(worker, _request("speaker", 150, paced=True)), _consume(worker, _request("caller", 10, False), 0.05)
-    )
-    await worker.close()
+    speaker, caller = await _speaker_and_caller(engine, 150, 10, delay_s=0.05, stall_timeout_s=5)
     assert len(speaker) == 150 and len(caller) == 10
     last_caller = max(i for i, name in enumerate(engine.made) if name == "caller")
     assert "speaker" in engine.made[last_caller:]  # the caller was done before the speaker
