@@ -19,7 +19,7 @@ import contextvars
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -119,8 +119,10 @@ STREAM_AHEAD = 8
 """Chunks the engine thread produces ahead of the consumer before it pauses."""
 LEAD_S = 1.5
 """Audio a paced stream (the speaker's) must have ahead of playing time for others to share its
-steps: longer than the longest step of a full batch (four 4-frame codec chunks at once: ~0.7 s on
-the 2-core CPU). Opening (prefilling) another needs this plus the prefill's expected time."""
+steps: longer than the longest step of a full batch (four 4-frame codec chunks at once, about
+0.6-0.9 s on the 2-core Xeon: 4 x 4 frames x 35-54 ms, ``bench_torch``'s ``codec_ms_per_frame`` on
+2 December 2026, plus the step itself). Opening (prefilling) another needs this plus the
+prefill's expected time."""
 OPEN_S = 1.0
 """A prefill's expected time before one was measured (then a running mean of them)."""
 
@@ -237,11 +239,16 @@ class _Stream:
         if self.defer is None or not self.defer(opening):
             self.unhold()
             return False
-        if not self.held:
-            self.held = True
-            log.info("held_for_speaker")
+        self.hold()
         self._submit(self.produce)
         return True
+
+    def hold(self, speaker_lead_s: float | None = None) -> None:
+        """Mark it kept from the engine for a paced stream's sake (logged once per hold)."""
+        if not self.held:
+            self.held = True
+            lead = round(speaker_lead_s, 2) if speaker_lead_s is not None and speaker_lead_s > float("-inf") else None
+            log.info("held_for_speaker", speaker_lead_s=lead)
 
     def unhold(self) -> None:
         if self.held:
@@ -361,6 +368,13 @@ class _Stream:
             return self._finished
 
 
+def _speaker_lead_s(streams: Iterable[_Stream]) -> float:
+    """The least lead (``_Budget.lead_s``) of the paced ``streams`` that can make a chunk; infinity
+    when there is none."""
+    now = time.monotonic()
+    return min((s.budget.lead_s(now) for s in streams if s.paced and s.runnable()), default=float("inf"))
+
+
 class _BatchStream(_Stream):
     """A stream whose engine decodes it together with others (``_Batch``), not by a generator."""
 
@@ -471,7 +485,7 @@ class _Batch:
             if opened >= self.size:
                 break
             if not stream.paced and lead < LEAD_S + self.open_s:
-                self._hold(stream, lead)
+                stream.hold(lead)
                 break
             if self._open(stream):
                 opened += 1
@@ -482,7 +496,7 @@ class _Batch:
             if stream.closed or stream.synthesis is None or not stream.runnable():
                 continue
             if not stream.paced and lead < LEAD_S:
-                self._hold(stream, lead)
+                stream.hold(lead)
                 continue
             stream.unhold()
             ready.append(stream)
@@ -514,15 +528,7 @@ class _Batch:
         """The least lead (``_Budget.lead_s``) of the open paced streams that can make a frame;
         infinity when there is none (one waiting for a place holds nobody: they must finish to
         make it one)."""
-        now = time.monotonic()
-        leads = [s.budget.lead_s(now) for s in self._streams if s.paced and s.synthesis is not None and s.runnable()]
-        return min(leads, default=float("inf"))
-
-    @staticmethod
-    def _hold(stream: _BatchStream, lead: float) -> None:
-        if not stream.held:
-            stream.held = True
-            log.info("held_for_speaker", speaker_lead_s=round(lead, 2) if lead > float("-inf") else None)
+        return _speaker_lead_s(s for s in self._streams if s.synthesis is not None)
 
     def _has_work(self) -> bool:
         """An open stream can make a frame, or a joined one can be opened."""
@@ -680,9 +686,7 @@ class EngineWorker:
     def _speaker_first(self, opening: bool) -> bool:
         """(Engine thread, streams taking turns) whether a paced stream that can make a chunk is less
         than ``LEAD_S`` ahead of playing time (plus ``OPEN_S`` for a stream about to start)."""
-        now = time.monotonic()
-        leads = [s.budget.lead_s(now) for s in list(self._active) if s.paced and s.runnable()]
-        return min(leads, default=float("inf")) < LEAD_S + (OPEN_S if opening else 0.0)
+        return _speaker_lead_s(list(self._active)) < LEAD_S + (OPEN_S if opening else 0.0)
 
     def _batch(self) -> _Batch | None:
         """The batch of an engine that decodes several requests together; None for one that does not."""
