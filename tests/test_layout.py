@@ -1,4 +1,4 @@
-"""The package's layers (README, Layout): a module imports only from its own group or a lower row."""
+"""The package's layers (docs/development.md, Layout): a module imports only from its own group or a lower row."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The daemon under a broker's access control: the README's mosquitto ACL is enough, a refused
+"""The daemon under a broker's access control: the documented mosquitto ACL (docs/mqtt.md) is enough, a refused
 publish is logged once per topic, a refused subscription is exit 77 (never a deaf daemon that
 says ``online``)."""
 
@@ -25,10 +25,10 @@ DYNSEC = Path("/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so")
 
 
 def readme_acl() -> str:
-    """The README's ready-to-copy ``acl_file`` (the test runs the daemon under exactly it)."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    """The MQTT contract's ready-to-copy ``acl_file`` (the test runs the daemon under exactly it)."""
+    readme = (REPO / "docs" / "mqtt.md").read_text(encoding="utf-8")
     found = re.search(r"```\n(# mosquitto acl_file: the daemon of site \"kitchen\".*?)```", readme, re.DOTALL)
-    assert found is not None, "README: the mosquitto acl_file example is missing"
+    assert found is not None, "docs/mqtt.md: the mosquitto acl_file example is missing"
     return found.group(1)
 
 
