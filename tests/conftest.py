@@ -20,6 +20,8 @@ os.environ.setdefault("S2S_PREPARED_CACHE", _PREPARED.name)
 # Likewise the clone prompts of the reference recordings (the torch engine's voice cache).
 _VOICES = tempfile.TemporaryDirectory(prefix="s2s-voice-cache-")
 os.environ.setdefault("S2S_VOICE_CACHE", _VOICES.name)
+# A benchmark run with --doc in a test writes a scratch page, never docs/performance.md.
+os.environ.setdefault("S2S_BENCH_DOC", os.path.join(_PREPARED.name, "performance.md"))
 
 register()
 

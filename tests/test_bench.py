@@ -300,6 +300,33 @@ def test_bad_options_exit_78() -> None:
     assert proc.returncode == 78 and "--texts" in proc.stderr
 
 
+def test_doc_publishes_the_table_with_its_command_on_the_page(tmp_path: Path) -> None:
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\nHand-written intro.\n", encoding="utf-8")
+    proc = run_bench(
+        "--engine", "tone", "--engine", "tone:speed=40", "--runs", "1", "--texts", "short", "--warmup", "0",
+        "--no-progress", "--doc-file", str(page),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("machine: ")  # the terminal table as before
+    text = page.read_text(encoding="utf-8")
+    assert text.startswith("# Performance\n\nHand-written intro.\n\n<!-- bench:bench -->\n## Engines side by side")
+    assert f" -m s2s_daemon.bench --plugin {PLUGIN} --model tone-model --engine tone" in text
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| tone")}
+    assert set(rows) == {"tone", "tone:speed=40"}
+    assert rows["tone"].replace(" ", "").endswith("|1.00|1.00|1.00|")  # xTTFA, xRTF, xRSS of the baseline
+    assert "ratio to tone (below 1 is better)" in text
+
+
+def test_doc_with_malformed_markers_exits_78_before_the_first_run(tmp_path: Path) -> None:
+    page = tmp_path / "performance.md"
+    page.write_text("<!-- bench:bench -->\nno end\n", encoding="utf-8")
+    proc = run_bench("--engine", "tone", "--runs", "1", "--doc-file", str(page))
+    assert proc.returncode == 78, proc.stderr
+    assert "section 'bench' is never closed" in proc.stderr and "TTFA" not in proc.stdout
+    assert page.read_text(encoding="utf-8") == "<!-- bench:bench -->\nno end\n"
+
+
 def test_texts_and_statistics(tmp_path: Path) -> None:
     texts = builtin_texts()
     assert {t.size for t in texts} == {"short", "medium", "long"}

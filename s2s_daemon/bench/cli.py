@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from s2s_daemon.bench.machine import load_average, machine_info
+from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target
 from s2s_daemon.bench.report import (
     ConfigSpec,
     build_document,
     load_pyplot,
-    machine_info,
+    render_markdown,
     write_json,
     write_png,
     write_table,
@@ -145,6 +147,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help=f"python of the environment holding qwen-tts (default: ${REFERENCE_ENV})",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_doc_arguments(parser, "bench")
     parser.add_argument("--load-timeout-s", type=float, default=1800.0, help=argparse.SUPPRESS)
     parser.add_argument("--run-timeout-s", type=float, default=900.0, help=argparse.SUPPRESS)
     # For tests and plugins: MODULE:FUNCTION called in every worker before create_engine
@@ -161,7 +164,8 @@ def handler(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
         check_outputs(args)
-    except ValueError as exc:
+        doc = doc_target(args)
+    except ValueError as exc:  # PageError too: the page's markers or folder
         sys.stderr.write(f"s2s-daemon bench: {exc}\n")
         return EXIT_CONFIG
     except DaemonError as exc:
@@ -174,8 +178,7 @@ def handler(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     results = outcome.results
-    if hasattr(os, "getloadavg"):
-        machine["load_average_end"] = list(os.getloadavg())
+    machine["load_average_end"] = load_average()
     record = settings_record(args, settings)
     record["interrupted"] = outcome.interrupted
     document = build_document(results, settings.texts, record, machine)
@@ -190,6 +193,13 @@ def handler(args: argparse.Namespace) -> int:
             write(document, path)
         except (OSError, DaemonError) as exc:  # checked before the first run; a full disk can still fail here
             sys.stderr.write(f"s2s-daemon bench: {flag} {path}: {exc}\n")
+            written = False
+    if doc is not None and not outcome.interrupted:
+        table, notes = render_markdown(document)
+        try:
+            doc.publish("Engines side by side (s2s-daemon bench)", table, notes)
+        except (OSError, ValueError) as exc:  # checked before the first run; the page can still change meanwhile
+            sys.stderr.write(f"s2s-daemon bench: --doc {doc.path}: {exc}\n")
             written = False
     failed = any(not r.ok or any(not run.ok for run in r.records) for r in results)
     return EXIT_FAILURE if failed or outcome.interrupted or not written else EXIT_OK

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
-import os
-import platform
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from s2s_daemon.bench.performance_page import markdown_table
 from s2s_daemon.bench.texts import BenchText
 from s2s_daemon.errors import UnavailableError
 
@@ -116,6 +114,18 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
+def percentiles(
+    values: Sequence[float], qs: Sequence[float] = (50, 90, 99), ndigits: int | None = None
+) -> dict[str, float]:
+    """``{"p50": ..., "p90": ..., "p99": ..., "max": ...}`` of ``values`` (empty: ``{}``), rounded to
+    ``ndigits`` when given."""
+    if not values:
+        return {}
+    found = {f"p{q:g}": percentile(values, q) for q in qs}
+    found["max"] = float(max(values))
+    return found if ndigits is None else {k: round(v, ndigits) for k, v in found.items()}
+
+
 def _stats(records: Sequence[RunRecord]) -> dict[str, float]:
     ttfa = [r.ttfa_s for r in records]
     synth = sum(r.synth_s for r in records)
@@ -181,43 +191,6 @@ def ratios(summary: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float
         else:
             out[key] = None
     return out
-
-
-def machine_info() -> dict[str, Any]:
-    """What this machine is: OS, CPU, cores, memory."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    memory_gib: float | None = None
-    try:
-        import psutil
-
-        memory_gib = round(psutil.virtual_memory().total / 1024**3, 1)
-    except ImportError:
-        pass
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": cpu,
-        "logical_cores": os.cpu_count(),
-        "memory_gib": memory_gib,
-        "python": platform.python_version(),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
-
-
-def machine_line(*details: str) -> str:
-    """One line for a benchmark script's output: the minute, the CPU, its cores, the load, then ``details``."""
-    info = machine_info()
-    load = info["load_average"][0] if info["load_average"] else float("nan")
-    head = f"{datetime.datetime.now().isoformat(timespec='minutes')} {info['cpu']}, {info['logical_cores']} cores, "
-    return head + ", ".join([f"load {load:.2f}", *details])
 
 
 def baseline_index(results: Sequence[ConfigResult]) -> int | None:
@@ -359,6 +332,42 @@ def render_table(document: dict[str, Any]) -> str:
     if footnotes:
         lines.append("* does not stream: its first audio arrives with its last, so TTFA is the whole synthesis.")
     return "\n".join(lines) + "\n"
+
+
+def render_markdown(document: dict[str, Any]) -> tuple[str, str]:
+    """The document's configurations as a Markdown table for the performance page, and its notes."""
+    header = ["configuration", "dtype", *(name for name, _, _, _ in _COLUMNS), *(n for n, _, _ in _RATIO_COLUMNS)]
+    rows: list[list[Any]] = []
+    for config in document["configs"]:
+        summary = config["summary"]
+        if config["status"] != "ok" and not summary.get("runs_ok"):
+            rows.append([config["label"], f"ERROR: {_one_line(config['error'], 80)}", *[None] * (len(header) - 2)])
+            continue
+        cells: list[Any] = [config["label"], config["info"].get("dtype")]
+        for _, key, spec, _ in _COLUMNS:
+            value = summary.get(key)
+            if key == "device_peak_mib" and summary.get("device_kind", "none") == "none":
+                value = None
+            cell = _fmt(value, spec, 0).strip()
+            if key in ("ttfa_p50_ms", "ttfa_p95_ms") and not config["streaming"] and cell != "-":
+                cell += "\\*"
+            cells.append(cell)
+        ratio = config["ratios"] or {}
+        cells.extend(_fmt(ratio.get(key), ".2f", 0).strip() for _, key, _ in _RATIO_COLUMNS)
+        rows.append(cells)
+    settings = document["settings"]
+    notes = [
+        f"{settings['runs']} runs over {len(document['texts'])} texts, {settings['chunk_frames']}-frame chunks,"
+        f" max_frames {settings['max_frames'] or 'the engine budget'}, greedy, seed {settings['seed']}; model"
+        f" `{settings['model']}`. TTFA: time to the first audio chunk; synth s: mean synthesis time per text;"
+        " RTF: synthesis time / audio time (below 1 is faster than real time); frames/s: codec frames (12.5 per"
+        " audio second) per second of synthesis; RSS MiB: peak resident memory of the configuration's own"
+        " process, end MiB: after its last run; dev MiB: the framework's device peak.",
+        f"xTTFA, xRTF, xRSS: ratio to {document['baseline'] or 'the first configuration'} (below 1 is better).",
+    ]
+    if any(not c["streaming"] for c in document["configs"]):
+        notes.append("\\* does not stream: its first audio arrives with its last, so TTFA is the whole synthesis.")
+    return markdown_table(header, rows, "ll" + "r" * (len(header) - 2)), "\n\n".join(notes)
 
 
 def describe_machine(machine: dict[str, Any]) -> str:
