@@ -32,23 +32,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from s2s_daemon.audio.speaker import SpeakerSink  # noqa: E402  (path set above)
+from s2s_daemon.bench.machine import machine_line  # noqa: E402
+from s2s_daemon.bench.performance_page import DocTarget, add_doc_arguments, doc_target, markdown_table  # noqa: E402
+from s2s_daemon.bench.report import percentiles  # noqa: E402
 from s2s_daemon.config import AudioConfig  # noqa: E402
 from s2s_daemon.pipeline.channel import Channel, Overflow  # noqa: E402
 from s2s_daemon.pipeline.messages import SayRequest, Utterance  # noqa: E402
 
 ENGINE_RATE = 24_000
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    arr = np.asarray(values)
-    return {
-        "p50": round(float(np.percentile(arr, 50)), 2),
-        "p90": round(float(np.percentile(arr, 90)), 2),
-        "p99": round(float(np.percentile(arr, 99)), 2),
-        "max": round(float(arr.max()), 2),
-    }
 
 
 async def one_utterance(sink: SpeakerSink, seconds: float, chunk_ms: float, speed: float, seed: int) -> dict[str, Any]:
@@ -130,9 +121,9 @@ async def run_period(args: argparse.Namespace, period_ms: float) -> dict[str, An
         "device": stats.device,
         "rate_hz": stats.rate_hz,
         "output_latency_ms": round(stats.output_latency_ms, 1),
-        "first_chunk_delay_ms": percentiles(firsts),
-        "later_chunk_delay_ms": percentiles(later),
-        "cancel_to_flush_ms": percentiles(flushes),
+        "first_chunk_delay_ms": percentiles(firsts, ndigits=2),
+        "later_chunk_delay_ms": percentiles(later, ndigits=2),
+        "cancel_to_flush_ms": percentiles(flushes, ndigits=2),
         "callback_ms": {
             "p50": round(stats.callback_p50_ms, 3),
             "p99": round(stats.callback_p99_ms, 3),
@@ -159,7 +150,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="audio per utterance")
     parser.add_argument("--utterances", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print JSON only")
+    add_doc_arguments(parser, "audio")
     args = parser.parse_args()
+    doc = doc_target(args)
     server = None
     try:
         if args.pulse:
@@ -174,9 +167,12 @@ def main() -> int:
     finally:
         if server is not None:
             server.stop()
+    if doc is not None:
+        publish(doc, args, results)
     if args.json:
         sys.stdout.write(json.dumps(results, indent=2) + "\n")
         return 0
+    sys.stdout.write(machine_line() + "\n")
     sys.stdout.write(
         f"chunks of {args.chunk_ms:.0f} ms at {args.speed}x real time, prebuffer {args.latency_ms:.0f} ms, "
         f"{args.utterances} utterances of {args.seconds:.1f} s\n"
@@ -192,6 +188,35 @@ def main() -> int:
             f"underruns {r['underruns']}, xruns {r['xruns']}\n"
         )
     return 0
+
+
+def publish(doc: DocTarget, args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    def spread(figures: dict[str, float], *keys: str) -> str:
+        return " / ".join(f"{figures[k]:.1f}" for k in keys) if figures else "-"
+
+    rows = [
+        [
+            f"{r['period_ms']:.0f}",
+            f"{r['device']} @ {r['rate_hz']} Hz",
+            r["output_latency_ms"],
+            spread(r["first_chunk_delay_ms"], "p50", "p99", "max"),
+            spread(r["later_chunk_delay_ms"], "p50", "p99", "max"),
+            spread(r["cancel_to_flush_ms"], "p50", "p99", "max"),
+            " / ".join(f"{r['callback_ms'][k]:.3f}" for k in ("p50", "p99", "max")),
+            r["callback_p99_over_period"],
+            r["underruns"],
+            r["xruns"],
+        ]
+        for r in results
+    ]
+    header = ["period ms", "device", "output latency ms", "first chunk -> device ms", "later chunks -> device ms",
+              "cancel -> flushed ms", "callback ms", "callback p99 / period", "underruns", "xruns"]  # fmt: skip
+    doc.publish(
+        "The speaker sink: chunk to device, cancel to flush, callback cost",
+        markdown_table(header, rows, "rlrrrrrrrr"),
+        f"Chunks of {args.chunk_ms:.0f} ms arriving at {args.speed}x real time, prebuffer {args.latency_ms:.0f} ms,"
+        f" {args.utterances} utterances of {args.seconds:.1f} s per period; p50 / p99 / max.",
+    )
 
 
 if __name__ == "__main__":

@@ -25,9 +25,15 @@ import asyncio
 import datetime
 import functools
 import json
-import os
+import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from s2s_daemon.bench.machine import machine_info
+from s2s_daemon.bench.performance_page import DocTarget, add_doc_arguments, doc_target, markdown_table, ratio
 
 TEXTS = (
     "The quick brown fox jumps over the lazy dog near the river.",
@@ -87,8 +93,7 @@ def talker_step_ms(engine: Any, requests: list[Any], steps: int) -> float:
         return 1000 * (time.perf_counter() - started) / steps
 
 
-async def main_async(args: argparse.Namespace) -> int:
-    from s2s_daemon.bench.report import machine_info
+async def main_async(args: argparse.Namespace, doc: DocTarget | None) -> int:
     from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
     from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
     from s2s_daemon.tts.worker import EngineWorker
@@ -131,14 +136,16 @@ async def main_async(args: argparse.Namespace) -> int:
         ]
         for n in counts
     }
+    machine = machine_info()
     print(
         json.dumps(
             {
                 "date": datetime.date.today().isoformat(),
-                "cpu": machine_info()["cpu"],
-                "cores": os.cpu_count(),
+                "cpu": machine["cpu"],
+                "isa": machine["isa"],
+                "cores": machine["logical_cores"],
                 "threads": threads,
-                "load_1min": round(os.getloadavg()[0], 2),
+                "load_1min": round(machine["load_average"][0], 2) if machine["load_average"] else None,
                 "format": args.format,
                 "frames_per_stream": args.frames,
                 "model": args.model,
@@ -159,6 +166,23 @@ async def main_async(args: argparse.Namespace) -> int:
                     best[key] = result
     steps = {n: await worker._call(functools.partial(talker_step_ms, engine, requests[n], 8)) for n in counts}
     one = best[(counts[0], "batched")]["wall_s"] if counts[0] == 1 else None
+    rows: list[list[object]] = []
+    for n in counts:
+        b, i = best[(n, "batched")], best[(n, "interleaved")]
+        rows.append(
+            [
+                n,
+                f"{b['wall_s']:.2f}",
+                f"{i['wall_s']:.2f}",
+                ratio(i["wall_s"], b["wall_s"]),
+                ratio(b["wall_s"], one) if one else None,
+                f"{b['first_chunk_s']:.2f}",
+                f"{i['first_chunk_s']:.2f}",
+                f"{b['audio_s'] / b['wall_s']:.3f}",
+                f"{i['audio_s'] / i['wall_s']:.3f}",
+                f"{steps[n]:.1f}",
+            ]
+        )
     for n in counts:
         for way in ("batched", "interleaved"):
             r = best[(n, way)]
@@ -176,6 +200,17 @@ async def main_async(args: argparse.Namespace) -> int:
                 )
             )
     await worker.close()
+    if doc is not None:
+        header = ["streams", "batched wall s", "interleaved wall s", "interleaved / batched", "batched / one stream",
+                  "first chunk s, batched", "interleaved", "audio s per s, batched", "interleaved",
+                  "talker ms a step, batched"]  # fmt: skip
+        doc.publish(
+            "Several streams at once: batched against interleaved",
+            markdown_table(header, rows, "r" * len(header)),
+            f"Weights {args.format}, {threads} threads, {args.frames} frames a stream, 4-frame chunks, greedy;"
+            f" best of {args.rounds} rounds alternating the two ways. Batched: `max_batch` 4 (a frame of every"
+            " stream per step); interleaved: `max_batch` 1. The goal: 4 streams in at most 1.6x one's wall time.",
+        )
     return 0
 
 
@@ -187,7 +222,9 @@ def main() -> int:
     parser.add_argument("--streams", default="1,2,4", help="stream counts (start with 1 for the x_one column)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (default: the engine's choice)")
-    return asyncio.run(main_async(parser.parse_args()))
+    add_doc_arguments(parser, "batch")
+    args = parser.parse_args()
+    return asyncio.run(main_async(args, doc_target(args)))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import statistics
 import sys
@@ -34,6 +33,8 @@ sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
 
+from s2s_daemon.bench.machine import machine_line  # noqa: E402
+from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table  # noqa: E402
 from tests.support.broker import Mosquitto, free_port, wait_port  # noqa: E402
 from tests.support.daemon import DaemonProcess, write_config  # noqa: E402
 from tests.support.mqtt import recorder  # noqa: E402
@@ -78,7 +79,10 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", choices=["tone", "torch"], default="tone")
     parser.add_argument("--runs", type=int, default=10)
+    add_doc_arguments(parser, "http")
     args = parser.parse_args()
+    doc = doc_target(args)
+    rows: list[list[object]] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         broker = Mosquitto(work)
@@ -114,19 +118,31 @@ async def main() -> None:
                             ),
                             30,
                         )  # fmt: skip
-                        print_row(fmt, events, ttfb, size)
+                        rows.append(print_row(fmt, events, ttfb, size))
         finally:
             proc.signal(signal.SIGTERM)
             await proc.wait(60)
             broker.stop()
     print(f"engine {args.engine}, {args.runs} requests per format, text of {len(TEXT)} characters;")
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; daemon, broker, client on loopback")
+    print(f"machine: {machine_line()}; daemon, broker, client on loopback")
+    if doc is not None:
+        header = ["format", "ttfaMs p50", "firstAudioOutMs p50", "client first byte p50", "added p50", "added max",
+                  "bytes"]  # fmt: skip
+        doc.publish(
+            "What the HTTP speech API adds to first audio",
+            markdown_table(header, rows),
+            f"Engine {args.engine}{' (the tiny random checkpoint, CPU, 24 frames)' if args.engine == 'torch' else ''},"
+            f" {args.runs} requests a format over one keep-alive connection, a text of {len(TEXT)} characters;"
+            " daemon, broker and client on loopback. ms; added = the client's first byte - ttfaMs (receipt to the"
+            " first synthesized chunk): what HTTP, encoding and the socket add. flac is sent whole.",
+        )
 
 
 HEADER_PRINTED = False
 
 
-def print_row(fmt: str, events: list[dict[str, Any]], ttfb: dict[str, float], size: int) -> None:
+def print_row(fmt: str, events: list[dict[str, Any]], ttfb: dict[str, float], size: int) -> list[object]:
+    """Print the format's figures (the header first, once); return them as table cells."""
     global HEADER_PRINTED
     ttfa = [e["ttfaMs"] for e in events]
     out = [e["firstAudioOutMs"] for e in events]
@@ -142,6 +158,7 @@ def print_row(fmt: str, events: list[dict[str, Any]], ttfb: dict[str, float], si
     print(
         f"{fmt:<7}{med(ttfa):>12.2f}{med(out):>14.2f}{med(client):>17.2f}{med(added):>11.2f}{max(added):>11.2f}{size:>9}"
     )
+    return [fmt, *(f"{v:.2f}" for v in (med(ttfa), med(out), med(client), med(added), max(added))), size]
 
 
 if __name__ == "__main__":

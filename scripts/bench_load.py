@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
 import subprocess
@@ -36,6 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from s2s_daemon.bench.machine import load_average, machine_line
+from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table
+
 TEXT = "Hello there, this is a short test."
 FORMATS = {
     "fp32": {"dtype": "float32", "quantization": "none"},
@@ -43,16 +47,23 @@ FORMATS = {
     "int8": {"dtype": "float32", "quantization": "int8"},
     "int4": {"dtype": "float32", "quantization": "int4"},
 }
-GGML = {
-    "fp32": ("F32", "9,085", "20.3, 20.5"),
-    "bf16": ("BF16", "5,350", "12.4, 10.6"),
-    "int8": ("Q8_0", "3,253-3,625", "3.6, 2.5"),
-    "int4": ("Q4_K_M", "2,514-2,886", "2.4, 2.0"),
+GGML: dict[str, tuple[str, tuple[int, ...], tuple[float, ...]]] = {
+    "fp32": ("F32", (9085,), (20.3, 20.5)),
+    "bf16": ("BF16", (5350,), (12.4, 10.6)),
+    "int8": ("Q8_0", (3253, 3625), (3.6, 2.5)),
+    "int4": ("Q4_K_M", (2514, 2886), (2.4, 2.0)),
 }
 """qwentts.cpp (GGML) figures quoted from ../shared/PEERS.md ("qwentts.cpp (GGML) vs our torch engine,
 CPU, 2026-12-01"): this project's machine kind (2-core AMD EPYC, AVX2), the PyPI wheel
 realtimetts-qwen-native-cpu 0.4.2, 2 threads, a random 0.6B CustomVoice checkpoint stored as float32,
-one fresh process per run; peak RSS MiB = ru_maxrss, load s for two runs."""
+one fresh process per run; peak RSS MiB = ru_maxrss (the range of its runs), load s for two runs."""
+
+
+def ggml_cells(fmt: str, peak_rss_mib: float) -> list[str]:
+    """GGML's format, peak RSS and load seconds as printed, and our peak RSS over GGML's."""
+    name, peaks, loads = GGML[fmt]
+    over = "-".join(f"{peak_rss_mib / p:.2f}" for p in sorted(peaks, reverse=True)) + "x"
+    return [name, "-".join(f"{p:,}" for p in peaks), ", ".join(f"{s}" for s in loads), over]
 
 
 def _status() -> dict[str, int]:
@@ -186,7 +197,8 @@ def child(model: str, fmt: str, threads: int, cache: str, phases: bool) -> dict[
         print(f"{fmt}: failed (rc {proc.returncode})\n{proc.stderr[-3000:]}", flush=True)
         return None
     row: dict[str, Any] = json.loads(lines[-1])
-    row["load_avg"] = round(os.getloadavg()[0], 2)
+    load = load_average()
+    row["load_avg"] = round(load[0], 2) if load else None
     return row
 
 
@@ -200,13 +212,14 @@ def main() -> int:
     parser.add_argument("--no-cache", action="store_true", help="load with the prepared cache off")
     parser.add_argument("--phases", action="store_true", help="RSS per load step")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    add_doc_arguments(parser, "load")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_one(args.model, args.child, args.threads, args.cache, args.phases)))
         return 0
+    doc = doc_target(args)
     cache = "0" if args.no_cache else args.cache
-    print(f"machine: {os.cpu_count()} logical cores, load {os.getloadavg()[0]:.2f}, threads {args.threads}, "
-          f"model {args.model}, cache {cache}", flush=True)  # fmt: skip
+    print(f"machine: {machine_line(f'threads {args.threads}', f'model {args.model}', f'cache {cache}')}", flush=True)
     rows = []
     for _ in range(args.rounds):
         for fmt in args.formats.split(","):
@@ -227,12 +240,25 @@ def main() -> int:
         "format | run | load s | RSS after load MiB (anon + file) | peak RSS MiB | load avg"
         " | GGML format | GGML peak RSS MiB | GGML load s"
     )
+    cells = []
     for row in rows:
-        g = GGML[row["format"]]
+        g = ggml_cells(row["format"], row["peak_rss_mib"])
         rss = f"{row['rss_load_mib']} ({row['anon_load_mib']} + {row['file_load_mib']})"
         print(f"{row['format']} | {row['run']} | {row['load_s']} | {rss} | {row['peak_rss_mib']} | {row['load_avg']}"
               f" | {g[0]} | {g[1]} | {g[2]}")  # fmt: skip
+        cells.append([row["format"], row["run"], row["load_s"], rss, row["peak_rss_mib"], row["load_avg"], *g])
     print("GGML: ../shared/PEERS.md, 2026-12-01, this machine kind (2-core AMD EPYC, AVX2), float32 checkpoint.")
+    if doc is not None:
+        header = ["format", "run", "load s", "RSS after load MiB (anon + file)", "peak RSS MiB", "load avg",
+                  "GGML format", "GGML peak RSS MiB", "GGML load s", "peak RSS / GGML's"]  # fmt: skip
+        doc.publish(
+            "Loading the torch engine per weight format: load time and memory",
+            markdown_table(header, cells, "llrrrrlrrr"),
+            f"A fresh process per run ({args.threads} threads, native kernels) loads the engine and says one short"
+            " sentence (8 frames); cold: the prepared-weights cache emptied first, warm: it found. The checkpoint"
+            " is in the page cache for every run. GGML: qwentts.cpp's figures quoted from the project's peers"
+            " notes (2026-12-01, a 2-core AMD EPYC with AVX2, a float32 random 0.6B checkpoint), not run here.",
+        )
     return 0
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,10 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
-from s2s_daemon.tts.mlx_qwen3 import MlxQwen3Engine, chunk_interval_s
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from s2s_daemon.bench.machine import machine_line  # noqa: E402  (path set above)
+from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table, ratio  # noqa: E402
+from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest  # noqa: E402
+from s2s_daemon.tts.mlx_qwen3 import MlxQwen3Engine, chunk_interval_s  # noqa: E402
 
 
 def _gaps(stream: Iterator[Any]) -> tuple[list[float], list[Any]]:
@@ -111,7 +115,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--voice", default="Ryan")
     parser.add_argument("--json", type=Path)
+    add_doc_arguments(parser, "mlx-overhead")
     args = parser.parse_args()
+    doc = doc_target(args)
 
     engine = MlxQwen3Engine(
         EngineOptions(model=args.model, quantization=args.quantization, extra={"max_frames": str(args.frames)})
@@ -119,6 +125,7 @@ def main() -> int:
     info = engine.load_blocking()
     engine.warmup_blocking()
     model = engine.mlx_model
+    print(machine_line(f"mlx {args.quantization}", f"{args.frames} frames", f"chunks of {args.chunk_frames}"))
     request = SynthesisRequest(
         text="Hello there, how are you today?",
         voice=args.voice if info.voices else None,
@@ -172,6 +179,22 @@ def main() -> int:
     print(json.dumps(result, indent=2))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if doc is not None:
+        raw_chunk_s, eng_chunk_s = result["raw_chunk_s_median"], result["engine_chunk_s_median"]
+        rows = [
+            ["utterance, s (median)", f"{result['raw_total_s_median']:.3f}", f"{result['engine_total_s_median']:.3f}",
+             ratio(result["engine_total_s_median"], result["raw_total_s_median"], 3)],
+            ["later chunk, s (median)", None if raw_chunk_s is None else f"{raw_chunk_s:.3f}",
+             None if eng_chunk_s is None else f"{eng_chunk_s:.3f}", ratio(eng_chunk_s, raw_chunk_s, 3)],
+        ]  # fmt: skip
+        doc.publish(
+            "The MLX engine's own cost on top of mlx-audio's streaming",
+            markdown_table(["what", "mlx-audio directly", "through the engine", "engine / direct"], rows),
+            f"Model `{args.model}`, {args.quantization}, {args.frames} frames, chunks of {args.chunk_frames} frames"
+            f" ({result['chunk_audio_s']:.2f} s of audio), {args.runs} runs alternating, identical audio both ways."
+            f" The wrapper alone, around ready-made chunks: {per_chunk_us:.1f} us a chunk and"
+            f" {per_utterance_us:.1f} us an utterance.",
+        )
     return 0
 
 

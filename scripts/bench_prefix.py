@@ -14,8 +14,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from s2s_daemon.bench.machine import machine_line
+from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table, ratio
 
 
 def main() -> int:
@@ -24,11 +31,12 @@ def main() -> int:
     parser.add_argument("--format", default="int8", choices=["none", "int8", "int4"], help="quantization")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=6)
+    add_doc_arguments(parser, "prefix")
     args = parser.parse_args()
+    doc = doc_target(args)
 
     import torch
 
-    from s2s_daemon.bench.report import machine_line
     from s2s_daemon.bench.torch_cpu import cpu_engine
     from s2s_daemon.tts.engine import SynthesisRequest
     from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions
@@ -68,6 +76,25 @@ def main() -> int:
         print(
             f"{case:>13}: {kept[case]:>3} positions kept, prefill median {statistics.median(values):.0f} ms "
             f"(min {min(values):.0f}, max {max(values):.0f})"
+        )
+    if doc is not None:
+        base = statistics.median(times["nothing kept"])
+        rows = [
+            [
+                case,
+                kept[case],
+                f"{statistics.median(v):.0f}",
+                f"{min(v):.0f}",
+                f"{max(v):.0f}",
+                ratio(statistics.median(v), base),
+            ]
+            for case, v in times.items()
+        ]
+        doc.publish(
+            "What the talker's prefix cache saves at prefill",
+            markdown_table(["case", "positions kept", "prefill ms (median)", "min", "max", "/ nothing kept"], rows),
+            f"Weights {args.format}, {args.threads} threads, a prompt of {prompt.prefill.shape[1]} positions,"
+            f" {args.rounds} rounds alternating the three cases (`TalkerRuntime.start`).",
         )
     return 0
 

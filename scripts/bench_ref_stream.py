@@ -17,10 +17,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 import wave
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from s2s_daemon.bench.machine import machine_line
+from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table, ratio
 
 
 def write_reference(path: Path, seconds: float) -> None:
@@ -43,9 +49,10 @@ def main() -> int:
     parser.add_argument("--format", default="int8", choices=["none", "int8", "int4"], help="quantization")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=4)
+    add_doc_arguments(parser, "ref-stream")
     args = parser.parse_args()
+    doc = doc_target(args)
 
-    from s2s_daemon.bench.report import machine_line
     from s2s_daemon.bench.torch_cpu import cpu_engine
     from s2s_daemon.tts.engine import SynthesisRequest
 
@@ -85,6 +92,21 @@ def main() -> int:
         print(
             f"reference state {case:>13}: first chunk median {statistics.median(values):.0f} ms "
             f"(min {min(values):.0f}, max {max(values):.0f})"
+        )
+    if doc is not None:
+        kept = statistics.median(times["kept"])
+        rows = [["first request (encoders, reference decoded)", f"{cold:.0f}", "-", "-", ratio(cold, kept)]]
+        rows += [
+            [f"reference state {case}", f"{statistics.median(v):.0f}", f"{min(v):.0f}", f"{max(v):.0f}",
+             ratio(statistics.median(v), kept)]
+            for case, v in times.items()
+        ]  # fmt: skip
+        doc.publish(
+            "What keeping a cloned voice's decoded reference saves at first audio",
+            markdown_table(["request", "first chunk ms (median)", "min", "max", "/ kept"], rows),
+            f"Base checkpoint, weights {args.format}, {args.threads} threads, a {args.seconds:g} s synthetic"
+            f" reference with a transcript (ICL), {args.rounds} rounds alternating; the clone prompt in memory and"
+            " the prefix cache off, so only the reference's decoding differs.",
         )
     return 0
 

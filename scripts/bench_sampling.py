@@ -12,7 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from s2s_daemon.bench.machine import machine_line
+from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table, ratio
 
 
 def main() -> int:
@@ -24,11 +31,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--draws", type=int, default=500, help="draws per round and form")
+    add_doc_arguments(parser, "sampling")
     args = parser.parse_args()
+    doc = doc_target(args)
 
     import torch
 
-    from s2s_daemon.bench.report import machine_line
     from s2s_daemon.tts.torch_qwen3.config import SamplingSettings
     from s2s_daemon.tts.torch_qwen3.sampling import choose, filtered_probabilities
 
@@ -55,8 +63,19 @@ def main() -> int:
             times[name].append((time.perf_counter() - start) * 1e6 / args.draws)
     for name, values in times.items():
         print(f"{name:>17}: {statistics.median(values):6.1f} us per draw (least {min(values):.1f})")
-    ratio = statistics.median(times["whole vocabulary"]) / statistics.median(times["top-k candidates"])
-    print(f"whole / top-k: {ratio:.2f}x")
+    short_us, whole_us = (statistics.median(times[name]) for name in ("top-k candidates", "whole vocabulary"))
+    print(f"whole / top-k: {whole_us / short_us:.2f}x")
+    if doc is not None:
+        rows = [
+            [name, f"{statistics.median(values):.1f}", f"{min(values):.1f}", ratio(statistics.median(values), short_us)]
+            for name, values in times.items()
+        ]
+        doc.publish(
+            "The sampler's draw: top-k candidates against the whole vocabulary",
+            markdown_table(["draw over", "us per draw (median)", "least", "/ top-k"], rows),
+            f"{args.rounds} rounds of {args.draws} draws each, alternating; top_k {args.top_k}, top_p {args.top_p},"
+            f" temperature {args.temperature}, vocabulary {args.vocab}, {args.threads} threads.",
+        )
     return 0
 
 

@@ -15,7 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from s2s_daemon.bench.machine import machine_line
+from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table, ratio
 
 
 def main() -> int:
@@ -26,11 +33,12 @@ def main() -> int:
     parser.add_argument("--chunks", default="4,16", help="chunk sizes in frames, comma-separated")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=3)
+    add_doc_arguments(parser, "steady")
     args = parser.parse_args()
+    doc = doc_target(args)
 
     from dataclasses import replace
 
-    from s2s_daemon.bench.report import machine_line
     from s2s_daemon.bench.torch_cpu import cpu_engine
     from s2s_daemon.tts.engine import SynthesisRequest
 
@@ -62,6 +70,23 @@ def main() -> int:
         print(
             f"chunks of {chunk:>2} frames: {statistics.median(values):6.1f} ms a frame past the first chunk"
             f" (range {min(values):.1f}-{max(values):.1f}; real time: 80)"
+        )
+    if doc is not None:
+        rows = [
+            [
+                f"{chunk} frames",
+                f"{statistics.median(v):.1f}",
+                f"{min(v):.1f}-{max(v):.1f}",
+                ratio(statistics.median(v), 80),
+            ]
+            for chunk, v in steady.items()
+        ]
+        doc.publish(
+            "The torch engine's steady cost per frame past the first chunk",
+            markdown_table(["chunks of", "ms a frame (median)", "range", "/ real time (80 ms)"], rows),
+            f"Weights {args.format}, {args.threads} threads, {args.frames} frames an utterance, {args.rounds} rounds"
+            " alternating the chunk sizes, greedy; the frames after the first chunk over the time they took."
+            " Below 1x is faster than real time.",
         )
     return 0
 

@@ -39,6 +39,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from s2s_daemon.bench.machine import machine_line
+from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table, ratio
+
 TEXT = "The quick brown fox jumps over the lazy dog near the river."
 OTHER_TEXT = "A gentle breeze moved across the quiet harbor this morning."
 """Spoken before ``TEXT`` in the same voice for ``ttfa1_voice_ms``."""
@@ -221,13 +226,14 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=24)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    add_doc_arguments(parser, "torch")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_one(args.model, args.child, args.frames, args.threads)))
         return 0
+    doc = doc_target(args)
     bandwidth = read_bandwidth_gbs(args.threads)
-    print(f"machine: {os.cpu_count()} logical cores, load {os.getloadavg()[0]:.1f}, threads {args.threads}, "
-          f"read bandwidth {bandwidth:.1f} GB/s")  # fmt: skip
+    print(f"machine: {machine_line(f'threads {args.threads}', f'read bandwidth {bandwidth:.1f} GB/s')}")
     rows = []
     for fmt in args.formats.split(","):
         cmd = [sys.executable, str(Path(__file__).resolve()), args.model, "--child", fmt,
@@ -251,6 +257,21 @@ def main() -> int:
     print(" | ".join(header))
     for row in rows:
         print(" | ".join(str(row.get(h)) for h in header))
+    if doc is not None:
+        cells = [
+            [row.get(h) for h in header] + [ratio(row["audio_ms_per_frame"], row["qwentts_cpp_ms"])] for row in rows
+        ]
+        doc.publish(
+            "The torch engine per weight format",
+            markdown_table([*header, "audio_ms_per_frame / qwentts_cpp_ms"], cells),
+            f"Model `{args.model}`, {args.threads} threads, {args.frames} frames of a ten-word sentence in 4-frame"
+            f" chunks, greedy, each format in its own process; read bandwidth {bandwidth:.1f} GB/s. ttfa: to a"
+            " first chunk of 4 frames; ttfa1: of one frame (cold, after another sentence in the same voice,"
+            " the same sentence again, the text streamed); audio_fps: codec frames a second with audio decoding"
+            " (real time is 12.5); ms_per_frame: talker and code predictor alone; floor_ms: the weights a frame"
+            " reads over the read bandwidth. qwentts_cpp_ms: qwentts.cpp (GGML) quoted from the project's peers"
+            " notes (2026-12-01, a 2-core AMD EPYC with AVX2), not run here.",
+        )
     return 0
 
 

@@ -24,10 +24,8 @@ only the first chunk is made. The machine (CPU model, cores), the load and the d
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -38,6 +36,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from s2s_daemon.bench.machine import machine_record  # noqa: E402  (path set above)
+from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table, ratio  # noqa: E402
+
 TEXT = "The quick brown fox jumps over the lazy dog near the river."
 REF_WAV = REPO / "tests" / "fixtures" / "qwen3_tiny" / "golden" / "ref_espeak_24k.wav"
 REF_TEXT = "Good morning. This is a reference recording for voice cloning."
@@ -47,25 +50,6 @@ SOURCES = ("library", "ref-audio")
 GOAL_MS = 5.0
 """A cached prompt should add less than this to prompt preparation."""
 FIELDS = ("ttfa_ms", "prepare_ms", "clone_ms", "lookup_ms")
-
-
-def machine() -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "load1": round(load, 2) if load is not None else None,
-        "python": platform.python_version(),
-    }
 
 
 # --- the child: one fresh process, one state ---
@@ -261,7 +245,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     cached = [by[(s, st)]["clone_ms"] for s in args.sources for st in ("memory", "disk")]
     worst = max(c for c in cached if c is not None)
     return {
-        "machine": machine(),
+        "machine": machine_record(),
         "model": args.model,
         "engine": args.engine,
         "quantization": args.quantization,
@@ -335,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated, of {', '.join(SOURCES)} (default both)",
     )
     parser.add_argument("--json", type=Path, help="also write the report here")
+    add_doc_arguments(parser, "voices")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--state", choices=STATES, help=argparse.SUPPRESS)
     parser.add_argument("--source", choices=SOURCES, help=argparse.SUPPRESS)
@@ -348,10 +333,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(child(args)))
         return 0
+    doc = doc_target(args)
     report = measure(args)
     print(table(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if doc is not None:
+        by = {(r["source"], r["state"]): r for r in report["results"]}
+        rows = []
+        for source in report["sources"]:
+            for state in STATES:
+                r = by[(source, state)]
+                cold = by[(source, "cold")]["ttfa_ms"]
+                rows.append(
+                    [source, state, r["ttfa_ms"], ratio(r["ttfa_ms"], cold), r["prepare_ms"], r["clone_ms"],
+                     r["lookup_ms"], r["samples"], r["encoder_runs"], r["disk_loads"]]
+                )  # fmt: skip
+        goal = report["goal"]
+        header = ["voice from", "state", "ttfa ms", "/ cold", "prepare ms", "clone ms", "look-up ms", "n",
+                  "encoder runs", "disk loads"]  # fmt: skip
+        doc.publish(
+            "First audio with a cloned voice: what the clone-prompt cache saves",
+            markdown_table(header, rows, "llrrrrrrrr"),
+            f"{report['engine']} {report['quantization']}, model `{report['model']}`, a {report['ref_audio_s']} s"
+            f" recording; medians. cold: the first request with an empty cache (the encoders run); memory: later"
+            f" requests of one process; disk: the first request of a fresh process whose cache cold filled. Goal:"
+            f" a cached prompt adds < {goal['limit_ms']} ms; worst cached clone {goal['cached_clone_ms_max']} ms"
+            f" against the encoders' {goal['encoder_clone_ms']} ms: {'met' if goal['met'] else 'NOT met'}.",
+        )
     return 0
 
 

@@ -38,6 +38,9 @@ from wyoming.audio import AudioChunk, AudioStop  # noqa: E402
 from wyoming.client import AsyncTcpClient  # noqa: E402
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped  # noqa: E402
 
+from s2s_daemon.bench.machine import machine_line  # noqa: E402
+from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table  # noqa: E402
+from s2s_daemon.bench.report import percentile  # noqa: E402
 from tests.support.broker import Mosquitto, free_port  # noqa: E402
 from tests.support.daemon import DaemonProcess, write_config  # noqa: E402
 from tests.support.mqtt import Recorder, recorder  # noqa: E402
@@ -60,11 +63,6 @@ class Streamed:
     """First synthesize-chunk -> first audio-chunk."""
     text_ms: float
     """First synthesize-chunk -> the delta that completed the first sentence."""
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 async def connect(port: int, timeout_s: float = 300.0) -> AsyncTcpClient:
@@ -180,7 +178,7 @@ async def bench(engine: str, args: argparse.Namespace) -> tuple[list[Plain], lis
 
 
 def line(label: str, values: list[float]) -> str:
-    return f"{label:<44} p50 {statistics.median(values):8.2f}  p95 {pct(values, 95):8.2f}  (n={len(values)})"
+    return f"{label:<44} p50 {statistics.median(values):8.2f}  p95 {percentile(values, 95):8.2f}  (n={len(values)})"
 
 
 async def main() -> None:
@@ -191,18 +189,37 @@ async def main() -> None:
     parser.add_argument("--chunk-frames", type=int, default=4)
     parser.add_argument("--max-frames", type=int, default=16)
     parser.add_argument("--tokens-per-s", type=float, default=30.0)
+    add_doc_arguments(parser, "wyoming")
     args = parser.parse_args()
+    doc = doc_target(args)
+    print(machine_line())
     print(f"text {TEXT!r}; streamed answer of {len(ANSWER)} characters in deltas of {DELTA_CHARS} at", end=" ")
     print(f"{args.tokens_per_s:g}/s; chunk_frames {args.chunk_frames}; milliseconds")
+    rows: list[list[object]] = []
     for engine in args.engine.split(","):
         results, stream = await bench(engine, args)
-        print(f"\n{engine}" + (f" ({args.model.name}, cpu, max_frames {args.max_frames})" if engine == "torch" else ""))
-        print(line("  synthesize -> first audio-chunk (client)", [r.wyoming_ms for r in results]))
-        print(line("  daemon ttfaMs (metrics/latency)", [r.ttfa_ms for r in results]))
-        print(line("  server's share (client - ttfaMs)", [r.wyoming_ms - r.ttfa_ms for r in results]))
-        print(line("  streamed: first text chunk -> first audio", [s.total_ms for s in stream]))
-        print(line("    of which waiting for the first sentence", [s.text_ms for s in stream]))
-        print(line("    of which after the sentence was complete", [s.total_ms - s.text_ms for s in stream]))
+        name = engine + (f" ({args.model.name}, cpu, max_frames {args.max_frames})" if engine == "torch" else "")
+        print(f"\n{name}")
+        for label, values in (
+            ("synthesize -> first audio-chunk (client)", [r.wyoming_ms for r in results]),
+            ("daemon ttfaMs (metrics/latency)", [r.ttfa_ms for r in results]),
+            ("server's share (client - ttfaMs)", [r.wyoming_ms - r.ttfa_ms for r in results]),
+            ("streamed: first text chunk -> first audio", [s.total_ms for s in stream]),
+            ("  of which waiting for the first sentence", [s.text_ms for s in stream]),
+            ("  of which after the sentence was complete", [s.total_ms - s.text_ms for s in stream]),
+        ):
+            print(line(f"  {label}", values))
+            rows.append([name, label.strip(), f"{statistics.median(values):.2f}", f"{percentile(values, 95):.2f}",
+                         len(values)])  # fmt: skip
+    if doc is not None:
+        doc.publish(
+            "What the Wyoming server adds to first audio, plain and streamed",
+            markdown_table(["engine", "what", "p50 ms", "p95 ms", "n"], rows, "llrrr"),
+            f"The daemon as a subprocess with a real mosquitto, talked to with the wyoming package's own client;"
+            f" text {TEXT!r}; a streamed answer of {len(ANSWER)} characters in deltas of {DELTA_CHARS} at"
+            f" {args.tokens_per_s:g}/s; chunk_frames {args.chunk_frames}. The server's share is the client's first"
+            " audio-chunk minus the daemon's own ttfaMs for the same request.",
+        )
 
 
 if __name__ == "__main__":

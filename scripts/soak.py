@@ -57,12 +57,10 @@ Run it on a quiet machine for figures: the client, the broker and the daemon sha
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.metadata
 import json
 import math
 import os
-import platform
 import queue
 import signal
 import sqlite3
@@ -81,6 +79,7 @@ import paho.mqtt.client as mqtt  # noqa: E402
 import yaml  # noqa: E402
 from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
 
+from s2s_daemon.bench.machine import machine_record  # noqa: E402
 from s2s_daemon.pipeline.journal import PRUNE_EVERY  # noqa: E402
 from tests.support.broker import Mosquitto  # noqa: E402
 
@@ -99,24 +98,6 @@ TEXTS = (
     "Dinner is ready.",
 )
 WARMUP_FRACTION = 0.1
-
-
-def machine() -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "load1": round(os.getloadavg()[0], 2),
-        "python": platform.python_version(),
-    }
 
 
 def _version(package: str) -> str | None:
@@ -536,7 +517,7 @@ def main() -> int:
         parser.error(f"{args.checkpoint} is not a checkpoint folder (no config.json)")
 
     report: dict[str, Any] = {
-        "machine": machine(),
+        "machine": machine_record(),
         "setup": {
             "engine": args.engine,
             "model": str(args.checkpoint) if args.engine == "torch" else "tone",

@@ -33,6 +33,8 @@ def test_bench_voices_reports_each_state_side_by_side(tmp_path: Path) -> None:
         "1",
         "--json",
         str(out),
+        "--doc-file",
+        str(tmp_path / "performance.md"),
     ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=170, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -54,3 +56,9 @@ def test_bench_voices_reports_each_state_side_by_side(tmp_path: Path) -> None:
     for state in ("cold", "memory", "disk"):
         assert state in done.stdout
     assert "goal:" in done.stdout and report["machine"]["cpu"] in done.stdout
+    # --doc: the same figures as a table on the (scratch) performance page.
+    page = (tmp_path / "performance.md").read_text(encoding="utf-8")
+    assert page.startswith("<!-- bench:voices -->\n## First audio with a cloned voice")
+    for state in ("cold", "memory", "disk"):
+        row = next(line for line in page.splitlines() if line.startswith(f"| library    | {state}"))
+        assert f" {rows[state]['ttfa_ms']} |" in row, row

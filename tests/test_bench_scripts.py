@@ -1,0 +1,130 @@
+"""The benchmark scripts share one helper (``s2s_daemon/bench/machine.py``, ``performance_page.py``,
+``report.percentile``) and each publishes its table with ``--doc``: no script grows its own percentile,
+machine or load code again, and a small run of the cheap ones writes its section into a scratch page."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from s2s_daemon.bench.performance_page import PAGE_ENV, sections
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
+BENCH_SCRIPTS = sorted((REPO / "scripts").glob("bench_*.py"))
+HELPER = REPO / "s2s_daemon" / "bench" / "machine.py"
+TINY = REPO / "tests" / "fixtures" / "qwen3_tiny" / "custom_voice"
+
+OWN_HELPERS = {"pct", "percentile", "percentiles", "quantile", "machine", "machine_info", "machine_line"}
+"""Function names that mean a script has its own copy of what the shared helper does."""
+MACHINE_SOURCES = ("/proc/cpuinfo", "/proc/stat", "/proc/meminfo", "/proc/loadavg", "lscpu")
+
+
+def copied_helpers(source: str, name: str, functions: bool = True) -> list[str]:
+    """What in ``source`` does the shared helper's job: a percentile or machine function of its own
+    (``functions``), the load average, the CPU model or steal time read directly."""
+    found = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in OWN_HELPERS:
+            if functions:
+                found.append(f"{name}:{node.lineno}: def {node.name}")
+        elif isinstance(node, ast.Attribute) and node.attr == "getloadavg":
+            found.append(f"{name}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.extend(f"{name}:{node.lineno}: reads {s}" for s in MACHINE_SOURCES if s in node.value)
+    return found
+
+
+def test_no_script_has_its_own_percentile_machine_or_load_helper() -> None:
+    found = [hit for path in SCRIPTS for hit in copied_helpers(path.read_text("utf-8"), path.name)]
+    # The package's other modules (report.py owns the percentiles) read no machine facts either.
+    package = [p for p in (REPO / "s2s_daemon" / "bench").glob("*.py") if p != HELPER]
+    found += [hit for path in package for hit in copied_helpers(path.read_text("utf-8"), path.name, functions=False)]
+    assert found == [], "use s2s_daemon.bench.machine / report.percentile instead:\n" + "\n".join(found)
+
+
+def test_the_check_catches_a_copied_helper() -> None:
+    source = (
+        "import os\n"
+        "def pct(values, q):\n    return sorted(values)[0]\n"
+        "def line():\n    return os.getloadavg()[0]\n"
+        "CPU = open('/proc/cpuinfo').read()\n"
+    )
+    assert copied_helpers(source, "bench_x.py") == [
+        "bench_x.py:2: def pct",
+        "bench_x.py:5: .getloadavg",
+        "bench_x.py:6: reads /proc/cpuinfo",
+    ]
+
+
+def test_every_benchmark_script_offers_doc() -> None:
+    missing = []
+    for path in BENCH_SCRIPTS:
+        calls = {
+            node.func.id
+            for node in ast.walk(ast.parse(path.read_text("utf-8")))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        }
+        if not {"add_doc_arguments", "doc_target"} <= calls:
+            missing.append(path.name)
+    assert len(BENCH_SCRIPTS) >= 16
+    assert missing == []
+
+
+def run_script(script: str, *args: str, page: Path, timeout_s: float = 150) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, PAGE_ENV: str(page.with_name("never-written.md"))}  # --doc-file must win
+    command = [sys.executable, str(REPO / "scripts" / script), *args, "--doc-file", str(page)]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+def scratch_page(tmp_path: Path) -> Path:
+    page = tmp_path / "performance.md"
+    page.write_bytes((REPO / "docs" / "performance.md").read_bytes())
+    return page
+
+
+def section_of(page: Path, key: str) -> str:
+    text = page.read_text(encoding="utf-8")
+    start, end = sections(text)[key]
+    return text[start:end]
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_bench_sampling_prints_its_figures_and_publishes_them(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    page = scratch_page(tmp_path)
+    before = page.read_text(encoding="utf-8")
+    done = run_script("bench_sampling.py", "--rounds", "2", "--draws", "20", "--threads", "1", page=page)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "top-k candidates:" in done.stdout and "whole / top-k:" in done.stdout
+    section = section_of(page, "sampling")
+    assert page.read_text(encoding="utf-8").startswith(before)  # appended; the page's own text kept
+    assert "| draw over        | us per draw (median) |" in section
+    assert "| top-k candidates |" in section and "1.00x |" in section
+    assert "- command: `" in section and "scripts/bench_sampling.py --rounds 2 --draws 20" in section
+    assert not page.with_name("never-written.md").exists()
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_bench_steady_on_the_tiny_checkpoint_publishes_ms_a_frame_against_real_time(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    page = scratch_page(tmp_path)
+    done = run_script(
+        "bench_steady.py", str(TINY), "--format", "int8", "--frames", "8", "--chunks", "2,4", "--rounds", "1",
+        "--threads", "1", page=page,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "chunks of  2 frames:" in done.stdout and "chunks of  4 frames:" in done.stdout
+    section = section_of(page, "steady")
+    rows = [line for line in section.splitlines() if line.startswith("| ") and line.split("|")[1].strip()[0].isdigit()]
+    assert [r.split("|")[1].strip() for r in rows] == ["2 frames", "4 frames"]
+    assert all(r.rstrip(" |").endswith("x") for r in rows)  # the ratio to real time
