@@ -245,7 +245,9 @@ class Daemon:
             topics=[topic for topic, _ in refused],
             reasons=[reason for _, reason in refused],
             exit_code=EXIT_NOPERM,
-            fix="grant the daemon read access to these topics in the broker's ACL (docs/mqtt.md: Broker access control)",
+            fix=(
+                "grant the daemon read access to these topics in the broker's ACL (docs/mqtt.md: Broker access control)"
+            ),
         )
         self.request_stop()
 
