@@ -171,6 +171,14 @@ class _TrackingContext:
         return getattr(self._context, name)
 
 
+# TLS 1.3: the broker checks the client certificate after the handshake and hangs up, either
+# while CONNECT is written or just after it, before a CONNACK.
+_TLS_HANG_UP_HINT = (
+    " (the broker closed the TLS connection at once: it may require a client certificate,"
+    " mqtt.tls.cert_file, or refuse this one)"
+)
+
+
 def _reason(code: ReasonCode | MQTTErrorCode | int) -> str:
     if isinstance(code, ReasonCode):
         return str(code)
@@ -271,9 +279,7 @@ class PahoConnection:
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
             hint = ""
             if o.tls is not None and rc == MQTTErrorCode.MQTT_ERR_CONN_LOST:
-                # TLS 1.3: the broker checks the client certificate after the handshake and hangs up.
-                hint = " (the broker closed the TLS connection at once: it may require a client certificate,"
-                hint += " mqtt.tls.cert_file, or refuse this one)"
+                hint = _TLS_HANG_UP_HINT
             raise MqttConnectError(f"cannot send CONNECT: {_reason(rc)}{hint}")
 
     async def open(self, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
@@ -416,7 +422,10 @@ class PahoConnection:
     def _disconnected(
         self, _client: paho.Client, _userdata: Any, _flags: paho.DisconnectFlags, reason: ReasonCode, _props: Any
     ) -> None:
-        self._end(f"disconnected: {reason}")
+        hint = ""
+        if self.options.tls is not None and self._connack is not None and not self._connack.done():
+            hint = _TLS_HANG_UP_HINT  # the hang-up came after our CONNECT was written, before any CONNACK
+        self._end(f"disconnected: {reason}{hint}")
 
     def _end(self, why: str) -> None:
         self._unregister()
