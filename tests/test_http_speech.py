@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx2
 import numpy as np
 import openai
 import pytest
 import soundfile
+import structlog
 
 from s2s_daemon.app import Daemon
 from s2s_daemon.config import load_config
@@ -356,3 +358,56 @@ def test_requests_that_end_without_audio(
         assert answer.headers["Retry-After"] == "1"  # the SDK retries after it
     if http_status in (409, 500):
         assert answer.headers["x-should-retry"] == "false"  # the SDK must not say it again
+
+
+async def test_a_stream_that_fails_part_way_reaches_the_client_as_a_failure(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """Streamed audio that the engine fails part-way (here: past ``tts.max_utterance_s``) must not
+    read as a whole file: the connection ends without HTTP's terminating chunk, so curl, aiohttp and
+    the openai SDK report an error instead of returning truncated bytes; SSE sends OpenAI's error event."""
+    curl = shutil.which("curl")
+    assert curl is not None, "curl is not installed (apt-get install curl)"
+    text = "q" * 100  # 4 s of audio at real time: cut after 1 s
+    cut = {"tts": {"options": {"speed": "1"}, "max_utterance_s": 1.0}}
+    body = {"model": "tts-1", "input": text, "voice": "alloy"}
+    async with speech_api(tmp_path, mosquitto, **cut) as api, api.client() as client:
+        with structlog.testing.capture_logs() as logs:
+            for fmt in ("wav", "mp3", "opus", "pcm"):
+                out = tmp_path / f"cut.{fmt}"
+                proc = await asyncio.create_subprocess_exec(
+                    curl, "-sS", "-N", f"{api.base_url}/v1/audio/speech",
+                    "-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json",
+                    "-d", json.dumps({**body, "response_format": fmt}), "-o", str(out),
+                    stderr=asyncio.subprocess.PIPE,
+                )  # fmt: skip
+                _, err = await asyncio.wait_for(proc.communicate(), 20)
+                assert proc.returncode == 18, (fmt, proc.returncode, err)  # CURLE_PARTIAL_FILE
+                assert out.stat().st_size > 0  # what came before the failure was sent
+            async with aiohttp.ClientSession(api.base_url) as http:
+                async with http.post(
+                    "/v1/audio/speech",
+                    json={**body, "response_format": "pcm"},
+                    headers={"Authorization": f"Bearer {KEY}"},
+                ) as r:
+                    assert r.status == 200
+                    with pytest.raises(aiohttp.ClientPayloadError):
+                        await r.read()
+            with pytest.raises(openai.APIConnectionError):  # the SDK reads the whole body: its error
+                await client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="wav")
+            with pytest.raises(httpx2.RemoteProtocolError, match="incomplete chunked read"):  # the transport's
+                async with client.audio.speech.with_streaming_response.create(
+                    model="tts-1", voice="alloy", input=text, response_format="mp3"
+                ) as response:
+                    async for _ in response.iter_bytes():
+                        pass
+            async with client.audio.speech.with_streaming_response.create(
+                model="tts-1", voice="alloy", input=text, response_format="pcm", stream_format="sse"
+            ) as response:
+                events = [json.loads(line[6:]) async for line in response.iter_lines() if line.startswith("data: ")]
+            assert events[0]["type"] == "speech.audio.delta"
+            assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "engine_error"
+        failed = [entry for entry in logs if entry["event"] == "http_stream_failed"]
+        assert len(failed) == 8 and all(entry["code"] == "engine_error" for entry in failed), failed
+        finished = await api.rec.wait_for(lambda: len(api.rec.finished()) == 8 and api.rec.finished())
+        assert {p["status"] for p in finished.values()} == {"error"}

@@ -316,6 +316,13 @@ class HttpSpeechServer:
                 response, encoder = await begin()  # completed without audio: an empty file
                 await send(encoder.encoder.header())
             assert encoder is not None
+            if job.status is not Status.COMPLETED:
+                # Part of the audio went out with 200: SSE says so in its last event, raw audio
+                # only by a broken body.
+                self._log_failed(job, sent, "error event sent" if sse else "connection closed before the body's end")
+                if not sse:
+                    self._abort(request)
+                    return response
             await send(await encoder.finish())
             if sse:
                 await response.write(self._final_event(job))
@@ -337,6 +344,35 @@ class HttpSpeechServer:
             sent_bytes=sent,
         )
         return response if response is not None else web.Response(status=499)
+
+    @staticmethod
+    def _log_failed(job: Job, sent: int, action: str) -> None:
+        error = job.error
+        log.warning(
+            "http_stream_failed",
+            status=str(job.status),
+            code=str(error.code) if error is not None else str(job.status),
+            error=error.message if error is not None else f"the speech ended {job.status}",
+            sent_bytes=sent,
+            action=action,
+        )
+
+    @staticmethod
+    def _abort(request: web.Request) -> None:
+        """End a streamed response whose request failed after its first bytes: close the connection
+        without the terminating chunk (HTTP/1.1) or with a reset (no chunked framing to break), as
+        servers do, so that the client reports an incomplete body instead of a short file (curl:
+        exit 18; aiohttp: ``ClientPayloadError``; httpx: ``RemoteProtocolError``, which the openai
+        SDK raises as ``APIConnectionError`` when it reads the body itself). The bytes already
+        written still reach the client."""
+        transport = request.transport
+        if transport is None:  # the client is gone already
+            return
+        if request.version >= (1, 1):
+            transport.close()  # what was written is flushed first; the last chunk never comes
+        else:
+            transport.abort()
+        request.protocol.force_close()
 
     @staticmethod
     def _final_event(job: Job) -> bytes:
