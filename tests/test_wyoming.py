@@ -305,7 +305,9 @@ async def test_a_taken_port_is_unavailable(tmp_path: Path, mosquitto: Mosquitto)
         port = taken.getsockname()[1]
         wyoming = {"enabled": True, "host": "127.0.0.1", "port": port, "zeroconf": False}
         path = write_config(tmp_path / "daemon.yaml", mosquitto.port, wyoming=wyoming)
-        with pytest.raises(UnavailableError, match=f"wyoming: cannot listen on 127.0.0.1:{port}"):
+        with pytest.raises(
+            UnavailableError, match=f"wyoming.port: cannot listen on 127.0.0.1:{port}: the port is in use"
+        ):
             await asyncio.wait_for(Daemon(load_config(path, environ={})).run(), 10)
 
 
