@@ -34,10 +34,10 @@ from s2s_daemon.intake.http.api import (
     unanswered,
 )
 from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, encoder_factory
-from s2s_daemon.intake.schemas import IntakeRules, parse_say
+from s2s_daemon.intake.schemas import IntakeRules, parse_say, resolve_voice
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import Status
-from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, Samples, match_voice
+from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, Samples
 
 log = structlog.get_logger(__name__)
 
@@ -232,7 +232,7 @@ class HttpSpeechServer:
 
     async def _voices(self, request: web.Request) -> web.Response:
         try:
-            default = match_voice(None, self.info.voices, self.rules.default_voice)
+            default = resolve_voice(None, self.rules)  # None: a request must name its voice
         except EngineError:
             default = None
         presets = {v.lower() for v in self.info.voices}
