@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 
 from s2s_daemon.errors import UnavailableError
+from s2s_daemon.holders import describe, port_holder
 
 log = structlog.get_logger(__name__)
 
@@ -74,10 +75,22 @@ class EmbeddedBroker:
             "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
         }
         broker = broker_class(config)
+        quiet = logging.getLogger("amqtt.broker")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)  # its traceback of a failed start: ours below says it in one line
         try:
             await broker.start()
         except Exception as exc:  # amqtt wraps bind failures in its own BrokerError
-            raise UnavailableError(f"embedded MQTT broker cannot listen on 127.0.0.1:{self.port}: {exc}") from exc
+            cause = exc.__cause__ or exc
+            why = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(exc)
+            holder = port_holder(self.port)
+            by = f" (held by {describe(holder)})" if holder is not None else ""
+            raise UnavailableError(
+                f"mqtt.port: the embedded broker cannot listen on 127.0.0.1:{self.port}: {why}{by};"
+                " stop it, or set mqtt.port"
+            ) from exc
+        finally:
+            quiet.setLevel(level)
         self._broker = broker
         log.info("embedded_broker_started", host="127.0.0.1", port=self.port, protocol="3.1.1")
 

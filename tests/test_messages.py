@@ -1,0 +1,71 @@
+"""What a user reads when something is off: one clear line in the daemon's own log format, naming
+what to do, never a library's raw traceback or a C library's stray stderr line."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from s2s_daemon.errors import UnavailableError
+from s2s_daemon.logs import configure_logging
+from s2s_daemon.mqtt.broker import EmbeddedBroker
+from tests.support.daemon import DaemonProcess, write_config
+
+
+def test_library_log_records_are_lines_of_the_json_log() -> None:
+    out = io.StringIO()
+    configure_logging("json", "info", stream=out)
+    logging.getLogger("amqtt.broker").error("No data from client", exc_info=ValueError("no data"))
+    logging.getLogger("aiohttp.server").warning("something odd")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(e["logger"], e["level"], e["event"]) for e in lines] == [
+        ("amqtt.broker", "error", "No data from client"),
+        ("aiohttp.server", "warning", "something odd"),
+    ]
+    assert "ValueError: no data" in lines[0]["exception"]
+
+
+async def test_an_embedded_broker_on_a_taken_port_says_so_in_one_line(capfd: pytest.CaptureFixture[str]) -> None:
+    configure_logging("json", "info")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(UnavailableError) as refused:
+            await EmbeddedBroker(port).start()
+    message = str(refused.value)
+    assert message.startswith(f"mqtt.port: the embedded broker cannot listen on 127.0.0.1:{port}")
+    assert f"held by pid {os.getpid()}" in message
+    assert "Traceback" not in capfd.readouterr().err
+
+
+async def test_a_second_daemon_without_journal_stops_before_its_model_with_one_line(tmp_path: Path) -> None:
+    """Journal off, the embedded broker's port taken (by the first daemon): exit 69 naming the port
+    and who holds it, before the model loads (the tone engine takes 120 s to load here), without
+    amqtt's traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = write_config(
+            tmp_path / "d.yaml",
+            port,
+            mqtt={"broker": "embedded"},
+            journal={"enabled": False},
+            tts={"options": {"load_s": "120"}},
+        )
+        second = DaemonProcess(path)
+        second.start()
+        try:
+            assert await second.wait(60) == 69
+        finally:
+            second.cleanup()
+    log = second.log()
+    assert f"mqtt.port: cannot listen on 127.0.0.1:{port}: the port is in use by pid {os.getpid()}" in log
+    assert "Traceback" not in log
