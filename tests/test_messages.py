@@ -69,3 +69,39 @@ async def test_a_second_daemon_without_journal_stops_before_its_model_with_one_l
     log = second.log()
     assert f"mqtt.port: cannot listen on 127.0.0.1:{port}: the port is in use by pid {os.getpid()}" in log
     assert "Traceback" not in log
+
+
+# -- s2s-daemon devices without a device -----------------------------------------------------
+
+
+def test_no_devices_says_what_to_install_or_start(tmp_path: Path) -> None:
+    from s2s_daemon.audio.devices import no_devices_hint
+
+    runtime = tmp_path / "run"
+    (runtime / "pulse").mkdir(parents=True)
+    plugins = tmp_path / "alsa-lib"
+    plugins.mkdir()
+    snd = tmp_path / "snd"
+    nothing = no_devices_hint("linux", snd, {"XDG_RUNTIME_DIR": str(runtime)}, (str(plugins),))
+    assert "no sound server for this user" in nothing[0] and "pipewire" in nothing[0]
+    assert "audio.sink: wav" in nothing[-1]
+    (runtime / "pulse" / "native").touch()  # a server runs, but ALSA cannot reach it
+    assert "libasound2-plugins" in no_devices_hint("linux", snd, {"XDG_RUNTIME_DIR": str(runtime)}, (str(plugins),))[0]
+    (plugins / "libasound_module_pcm_pulse.so").touch()
+    snd.mkdir()
+    (snd / "pcmC0D0p").touch()
+    card = no_devices_hint("linux", snd, {}, (str(plugins),))
+    assert "usermod -aG audio" in card[0]
+    assert "System Settings" in no_devices_hint("darwin")[0]
+
+
+def test_the_devices_command_prints_the_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from s2s_daemon.audio import devices
+    from s2s_daemon.cli import main
+
+    monkeypatch.setattr(devices, "list_devices", list)
+    monkeypatch.setattr(devices, "no_devices_hint", lambda: ["start a sound server", "or use audio.sink: wav"])
+    assert main(["devices"]) == 0
+    assert capsys.readouterr().out == "no sound devices found\n  start a sound server\n  or use audio.sink: wav\n"

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
@@ -85,7 +89,7 @@ def resolve_device(spec: str | int | None, direction: Direction) -> DeviceInfo:
     a string an exact name or else a unique case-insensitive substring."""
     devices = [d for d in list_devices() if d.has(direction)]
     if not devices:
-        raise AudioDeviceError(f"no sound {direction} device found")
+        raise AudioDeviceError(f"no sound {direction} device found; {no_devices_hint()[0]}")
     if spec is None:
         for device in devices:
             if device.default_input if direction == "input" else device.default_output:
@@ -112,6 +116,52 @@ def _names(devices: list[DeviceInfo]) -> str:
     return ", ".join(f"{d.index}: {d.name!r}" for d in devices)
 
 
+ALSA_PULSE_PLUGIN = "libasound_module_pcm_pulse.so"
+"""ALSA's ``pulse`` device (Debian: libasound2-plugins): how PortAudio reaches PulseAudio and PipeWire."""
+ALSA_PLUGIN_DIRS = ("/usr/lib/*/alsa-lib", "/usr/lib/alsa-lib", "/usr/lib64/alsa-lib")
+NO_SPEAKER = "a box without one can still serve: audio.sink: wav (with audio.wav_dir) or discard"
+
+
+def no_devices_hint(
+    platform: str | None = None,
+    dev_snd: Path = Path("/dev/snd"),
+    environ: Mapping[str, str] | None = None,
+    plugin_dirs: tuple[str, ...] = ALSA_PLUGIN_DIRS,
+) -> list[str]:
+    """What to install or start when PortAudio lists no device at all."""
+    platform = sys.platform if platform is None else platform
+    env = os.environ if environ is None else environ
+    if platform == "darwin":
+        return ["CoreAudio lists no device: connect one or pick one in System Settings > Sound", NO_SPEAKER]
+    if not platform.startswith("linux"):
+        return [NO_SPEAKER]
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    sockets = [Path(runtime) / "pulse" / "native", Path(runtime) / "pipewire-0"] if runtime else []
+    server = bool(env.get("PULSE_SERVER")) or any(p.exists() for p in sockets)
+    card = dev_snd.is_dir() and any(dev_snd.glob("pcm*"))
+    plugin = any(glob.glob(os.path.join(d, ALSA_PULSE_PLUGIN)) for d in plugin_dirs)
+    hints = []
+    if server and not plugin:
+        hints.append(
+            "a sound server runs for this user, but ALSA's pulse plugin that PortAudio reaches it through is"
+            " missing: sudo apt-get install libasound2-plugins (Fedora: alsa-plugins-pulseaudio)"
+        )
+    elif not server and not card:
+        hints.append(
+            "no sound card (/dev/snd) and no sound server for this user"
+            + (f" (nothing at {sockets[0]})" if sockets else " (XDG_RUNTIME_DIR is not set)")
+            + ": start PipeWire or PulseAudio in your session (systemctl --user start pipewire pipewire-pulse,"
+            " or pulseaudio --start; sudo apt-get install pipewire-pulse or pulseaudio), or plug in a sound card"
+        )
+    elif card and not server:
+        hints.append(
+            f"{dev_snd} exists but PortAudio opened nothing: this user may not be allowed to use it"
+            " (sudo usermod -aG audio $USER, then log in again), or start PipeWire or PulseAudio"
+        )
+    hints.append(NO_SPEAKER)
+    return hints
+
+
 def format_table(devices: list[DeviceInfo]) -> str:
     lines = [f"{'idx':>3}  {'in':>3} {'out':>3}  {'rate':>6}  {'default':<8} {'host api':<10} name"]
     for d in devices:
@@ -134,6 +184,8 @@ def _run_devices(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not devices:
         sys.stdout.write("no sound devices found\n")
+        for line in no_devices_hint():
+            sys.stdout.write(f"  {line}\n")
         return EXIT_OK
     sys.stdout.write(format_table(devices) + "\n")
     sys.stdout.write("Use the index or (part of) the name as audio.device or vad.device.\n")
