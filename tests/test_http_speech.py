@@ -411,3 +411,36 @@ async def test_a_stream_that_fails_part_way_reaches_the_client_as_a_failure(
         assert len(failed) == 8 and all(entry["code"] == "engine_error" for entry in failed), failed
         finished = await api.rec.wait_for(lambda: len(api.rec.finished()) == 8 and api.rec.finished())
         assert {p["status"] for p in finished.values()} == {"error"}
+
+
+async def test_answers_name_no_paths_and_events_say_where_a_request_came_from(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """``/v1/models`` names a local checkpoint by its folder's name, not its path; ``unknown_voice``
+    names OpenAI's voices too; every event says its request's origin (and the latency event where
+    its audio went), so that the room's latency can be told from a caller's."""
+    folder = tmp_path / "home" / "ann" / "checkpoints" / "kitchen-voice"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    async with speech_api(tmp_path, mosquitto, tts={"model": str(folder)}) as api, api.client() as client:
+        models = [m.id async for m in client.models.list()]
+        assert models[0] == "kitchen-voice" and not any("/" in m for m in models)
+        assert (await client.models.retrieve("kitchen-voice")).id == "kitchen-voice"
+        with pytest.raises(openai.BadRequestError) as bad:
+            await client.audio.speech.create(model="tts-1", voice="Nobody", input="hi")
+        assert "choose one of Ryan, Vivian" in str(bad.value) and "alloy" in str(bad.value)
+        raw = await client.audio.speech.with_raw_response.create(
+            model="tts-1", voice="alloy", input="from a caller", response_format="pcm"
+        )
+        caller = raw.headers["x-request-id"]
+        await api.rec.say(SAY, {"id": "room", "text": "in the room"})
+        await api.rec.wait_finished([caller, "room"])
+        latency = await api.rec.wait_for(lambda: len(api.rec.payloads("/metrics/latency")) == 2 and api.rec)
+    events = {
+        suffix: {p["id"]: p for p in latency.payloads(suffix)}
+        for suffix in ("/tts/started", "/tts/finished", "/metrics/latency")
+    }
+    for payloads in events.values():
+        assert payloads[caller]["origin"] == "http" and payloads["room"]["origin"] == "mqtt"
+    assert events["/metrics/latency"][caller]["output"] == "caller"
+    assert events["/metrics/latency"]["room"]["output"] == "speaker"

@@ -185,6 +185,7 @@ async def test_synthesize_streams_audio_as_it_is_made(tmp_path: Path, mosquitto:
         assert fin[0]["status"] == "completed" and fin[0]["audioMs"] == pytest.approx(1000 * group.samples / RATE)
         lat = await d.rec.wait_for(lambda: d.rec.payloads("/metrics/latency"), timeout_s=5)
         assert lat[0]["id"] == fin[0]["id"] and lat[0]["ttfaMs"] is not None
+        assert fin[0]["origin"] == lat[0]["origin"] == "wyoming" and lat[0]["output"] == "caller"
 
 
 async def test_streamed_text_comes_back_one_group_per_sentence(tmp_path: Path, mosquitto: Mosquitto) -> None:

@@ -32,12 +32,13 @@ from s2s_daemon.intake.http.api import (
     parse_speech,
     say_payload,
     unanswered,
+    with_openai_names,
 )
 from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, encoder_factory
 from s2s_daemon.intake.schemas import IntakeRules, parse_say, resolve_voice
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
-from s2s_daemon.pipeline.messages import Status
-from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, Samples
+from s2s_daemon.pipeline.messages import ErrorCode, Status
+from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, Samples, model_name
 
 log = structlog.get_logger(__name__)
 
@@ -221,12 +222,13 @@ class HttpSpeechServer:
         return {"id": model_id, "object": "model", "created": self._created, "owned_by": "s2s-daemon"}
 
     async def _models(self, request: web.Request) -> web.Response:
-        ids = [self.info.model, *(a for a in MODEL_ALIASES if a != self.info.model)]
+        name = model_name(self.info.model)  # a local checkpoint by its folder's name, not its path
+        ids = [name, *(a for a in MODEL_ALIASES if a != name)]
         return web.json_response({"object": "list", "data": [self._model_object(i) for i in ids]})
 
     async def _model(self, request: web.Request) -> web.Response:
         model_id = request.match_info["model"]
-        if model_id != self.info.model and model_id not in MODEL_ALIASES:
+        if model_id != model_name(self.info.model) and model_id not in MODEL_ALIASES:
             raise ApiError(404, f"model {model_id!r} does not exist", code="model_not_found", param="model")
         return web.json_response(self._model_object(model_id))
 
@@ -257,6 +259,8 @@ class HttpSpeechServer:
         received = time.monotonic()
         speech = parse_speech(await request.read())
         parsed = parse_say(say_payload(speech, self.rules), self.rules, origin="http", received_at=received)
+        if parsed.error is not None and parsed.error.code is ErrorCode.UNKNOWN_VOICE:
+            parsed = dataclasses.replace(parsed, error=with_openai_names(parsed.error, self.rules))
         if parsed.error is not None:
             self.dispatcher.reject(parsed.request, parsed.error.code, parsed.error.message)
             raise invalid_request(parsed.error)
