@@ -3,11 +3,15 @@ what to do, never a library's raw traceback or a C library's stray stderr line."
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import io
 import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,7 @@ import pytest
 from s2s_daemon.errors import UnavailableError
 from s2s_daemon.logs import configure_logging
 from s2s_daemon.mqtt.broker import EmbeddedBroker
-from tests.support.daemon import DaemonProcess, write_config
+from tests.support.daemon import REPO, DaemonProcess, write_config
 
 
 def test_library_log_records_are_lines_of_the_json_log() -> None:
@@ -105,3 +109,44 @@ def test_the_devices_command_prints_the_hint(
     monkeypatch.setattr(devices, "no_devices_hint", lambda: ["start a sound server", "or use audio.sink: wav"])
     assert main(["devices"]) == 0
     assert capsys.readouterr().out == "no sound devices found\n  start a sound server\n  or use audio.sink: wav\n"
+
+
+# -- ALSA's own lines ------------------------------------------------------------------------
+
+ALSA_SNIPPET = """
+import ctypes, ctypes.util
+from s2s_daemon.logs import configure_logging
+from s2s_daemon.audio.devices import portaudio
+configure_logging("json", "info")
+portaudio()  # what the speaker and `devices` load first
+asound = ctypes.CDLL(ctypes.util.find_library("asound"))
+handle = ctypes.c_void_p()
+assert asound.snd_pcm_open(ctypes.byref(handle), b"no_such_pcm", 0, 0) < 0
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ALSA is Linux's")
+def test_alsa_lines_are_lines_of_the_log() -> None:
+    """ALSA prints its errors from C (``ALSA lib pcm.c:8545:(snd_pcm_recover) underrun occurred``);
+    once PortAudio is loaded they are events of the JSON log, their arguments filled in."""
+    if ctypes.util.find_library("asound") is None:
+        pytest.fail("libasound2 is not installed (scripts/test installs it with PortAudio)")
+    result = subprocess.run(
+        [sys.executable, "-c", ALSA_SNIPPET], capture_output=True, text=True, timeout=60, check=False, cwd=REPO
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ALSA lib" not in result.stderr
+    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    alsa = [e for e in events if e["event"] == "alsa_message"]
+    assert alsa and alsa[0]["message"] == "Unknown PCM no_such_pcm" and alsa[0]["level"] == "warning"
+    assert alsa[0]["function"] == "snd_pcm_open_noupdate" and alsa[0]["where"].startswith("pcm.c:")
+
+
+def test_c_formats_are_filled_from_raw_arguments() -> None:
+    from s2s_daemon.audio.devices import format_c
+
+    name = ctypes.create_string_buffer(b"hw:0")
+    address = ctypes.addressof(name)
+    assert format_c("cannot open %s (%d%%)", [address, 2**32 - 5]) == "cannot open hw:0 (-5%)"
+    assert format_c("%s %s %s %s", [address, address, address]) == "%s %s %s %s"  # more than it reads
+    assert format_c("no args", []) == "no args"

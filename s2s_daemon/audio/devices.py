@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import glob
 import json
 import os
+import platform
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
+import structlog
+
 from s2s_daemon.audio.sink import AudioDeviceError
 from s2s_daemon.errors import EXIT_OK, EXIT_UNAVAILABLE
+
+log = structlog.get_logger(__name__)
 
 Direction = Literal["input", "output"]
 
@@ -37,8 +45,102 @@ class DeviceInfo:
         return (self.max_input_channels if direction == "input" else self.max_output_channels) > 0
 
 
+VARIADIC_IN_REGISTERS = frozenset({"x86_64", "amd64", "aarch64", "arm64"})
+"""Linux ABIs that pass a variadic integer or pointer argument where a named one would go, so that
+the handler can read ALSA's first arguments as extra named ones (System V x86-64, AAPCS64)."""
+_ALSA_ARGS = 3
+"""Integer or pointer arguments of ALSA's format read; a message that needs more (or a float) is
+logged with its format as it is."""
+_ALSA_ERROR = ctypes.CFUNCTYPE(
+    None, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, *[ctypes.c_void_p] * _ALSA_ARGS
+)
+"""``snd_lib_error_handler_t``: ``(file, line, function, err, fmt, ...)``, its first variadic arguments
+taken as named ones where the ABI allows (``VARIADIC_IN_REGISTERS``)."""
+_CONVERSION = re.compile(r"%[-+ #0]*\d*(?:\.\d+)?(?:hh|h|ll|l|z|j|t)?([diouxXcsp%])")
+_JACK_MESSAGE = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_C_HANDLERS: list[Any] = []
+"""The installed C callbacks, kept alive for the life of the process."""
+
+
+def _text(raw: bytes | None) -> str:
+    return raw.decode(errors="replace").strip() if raw else ""
+
+
+def format_c(fmt: str, args: Sequence[int | None]) -> str:
+    """``fmt`` with its ``%s``/``%d``-style conversions filled from raw integer or pointer ``args``;
+    the format unchanged when it needs more of them, or one this cannot read."""
+    conversions = [m for m in _CONVERSION.finditer(fmt) if m.group(1) != "%"]
+    if len(conversions) > len(args):
+        return fmt
+    values = iter(args)
+
+    def fill(match: re.Match[str]) -> str:
+        kind = match.group(1)
+        if kind == "%":
+            return "%"
+        raw = next(values) or 0
+        if kind == "s":
+            return ctypes.string_at(raw).decode(errors="replace") if raw else "(null)"
+        if kind == "c":
+            return chr(raw & 0xFF)
+        if kind == "p":
+            return hex(raw)
+        if kind in "di":
+            bits = 64 if match.group(0)[-2:-1] in ("l", "z", "j", "t") else 32
+            value = raw & ((1 << bits) - 1)
+            return str(value - (1 << bits) if value >> (bits - 1) else value)
+        return format(raw, {"o": "o", "x": "x", "X": "X"}.get(kind, "d"))
+
+    return _CONVERSION.sub(fill, fmt)
+
+
+def _alsa_message(
+    file: bytes | None, line: int, function: bytes | None, err: int, fmt: bytes | None, *args: int | None
+) -> None:
+    # Runs on whichever thread ALSA is on (PortAudio's among them): only a log line, nothing shared.
+    text = _text(fmt)
+    if platform.machine().lower() in VARIADIC_IN_REGISTERS:
+        text = format_c(text, args)
+    log.warning(
+        "alsa_message",
+        message=text,
+        function=_text(function),
+        where=f"{_text(file)}:{line}",
+        error=os.strerror(abs(err)) if err else None,
+    )
+
+
+def _jack_message(text: bytes | None) -> None:
+    log.info("jack_message", message=_text(text))
+
+
+def route_native_messages() -> None:
+    """Route what ALSA and JACK print on standard error from C (``ALSA lib pcm.c:8545:(snd_pcm_recover)
+    underrun occurred``, JACK's "Cannot connect to server socket" while PortAudio probes it) into the
+    daemon's log. Installed once, before PortAudio loads them; a library that is not there is skipped."""
+    if _C_HANDLERS or not sys.platform.startswith("linux"):
+        return
+    for name, setter, kind, handler in (
+        ("asound", "snd_lib_error_set_handler", _ALSA_ERROR, _alsa_message),
+        ("jack", "jack_set_error_function", _JACK_MESSAGE, _jack_message),
+        ("jack", "jack_set_info_function", _JACK_MESSAGE, _jack_message),
+    ):
+        found = ctypes.util.find_library(name)
+        if found is None:
+            continue
+        try:
+            library = ctypes.CDLL(found)
+            install = getattr(library, setter)
+        except (OSError, AttributeError):
+            continue
+        callback = kind(handler)
+        install(callback)
+        _C_HANDLERS.append(callback)
+
+
 def portaudio() -> ModuleType:
     """Import ``sounddevice``; a missing extra or PortAudio library is an ``AudioDeviceError``."""
+    route_native_messages()
     try:
         import sounddevice
     except ImportError as exc:
