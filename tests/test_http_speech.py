@@ -11,7 +11,9 @@ import io
 import json
 import shutil
 import socket
+import subprocess
 import time
+import wave
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,22 +161,38 @@ async def test_sse_events_carry_the_audio_and_usage(tmp_path: Path, mosquitto: M
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
-async def test_curl_streams_a_wav(tmp_path: Path, mosquitto: Mosquitto) -> None:
+async def test_curl_gets_a_wav_whole_with_its_length_or_streamed_when_asked(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """A WAV asked for as a file has its real length in its header (soxi had said 24:51:18, the
+    'unknown length' of a streamed WAV); ``stream_format: audio`` streams it, header and all."""
     curl = shutil.which("curl")
     assert curl is not None, "curl is not installed (apt-get install curl)"
     text = "Hello from curl."
-    out, head = tmp_path / "speech.wav", tmp_path / "headers.txt"
+    body = {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav"}
     async with speech_api(tmp_path, mosquitto) as api:
-        proc = await asyncio.create_subprocess_exec(
-            curl, "-sS", "-N", "--fail-with-body", f"{api.base_url}/v1/audio/speech",
-            "-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json",
-            "-d", json.dumps({"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav"}),
-            "-o", str(out), "-D", str(head),
-        )  # fmt: skip
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
-    headers = head.read_text().lower()
-    assert "transfer-encoding: chunked" in headers and "content-type: audio/wav" in headers
-    assert len(decode("wav", out.read_bytes())) == tone_samples(text)
+        for name, extra in (("whole", {}), ("streamed", {"stream_format": "audio"})):
+            out, head = tmp_path / f"{name}.wav", tmp_path / f"{name}.txt"
+            proc = await asyncio.create_subprocess_exec(
+                curl, "-sS", "-N", "--fail-with-body", f"{api.base_url}/v1/audio/speech",
+                "-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json",
+                "-d", json.dumps({**body, **extra}), "-o", str(out), "-D", str(head),
+            )  # fmt: skip
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+    whole, streamed = (tmp_path / "whole.txt").read_text().lower(), (tmp_path / "streamed.txt").read_text().lower()
+    assert "content-type: audio/wav" in whole and "transfer-encoding: chunked" not in whole
+    assert f"content-length: {(tmp_path / 'whole.wav').stat().st_size}" in whole
+    assert "transfer-encoding: chunked" in streamed and "content-type: audio/wav" in streamed
+    with wave.open(str(tmp_path / "whole.wav")) as wav:
+        assert wav.getnframes() == tone_samples(text) and wav.getframerate() == 24000
+    with wave.open(str(tmp_path / "streamed.wav")) as wav:
+        assert wav.getnframes() > 10 * tone_samples(text)  # 'unknown length': read to the end of the stream
+    for name in ("whole", "streamed"):
+        assert len(decode("wav", (tmp_path / f"{name}.wav").read_bytes())) == tone_samples(text)
+    soxi = shutil.which("soxi")
+    if soxi is not None:  # what the newcomer ran
+        seconds = subprocess.run([soxi, "-D", str(tmp_path / "whole.wav")], capture_output=True, text=True, check=True)
+        assert float(seconds.stdout) == pytest.approx(tone_samples(text) / 24000, abs=0.001)
 
 
 async def test_a_client_that_disconnects_frees_the_engine(tmp_path: Path, mosquitto: Mosquitto) -> None:
@@ -378,7 +396,7 @@ async def test_a_stream_that_fails_part_way_reaches_the_client_as_a_failure(
                 proc = await asyncio.create_subprocess_exec(
                     curl, "-sS", "-N", f"{api.base_url}/v1/audio/speech",
                     "-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json",
-                    "-d", json.dumps({**body, "response_format": fmt}), "-o", str(out),
+                    "-d", json.dumps({**body, "response_format": fmt, "stream_format": "audio"}), "-o", str(out),
                     stderr=asyncio.subprocess.PIPE,
                 )  # fmt: skip
                 _, err = await asyncio.wait_for(proc.communicate(), 20)
@@ -394,7 +412,10 @@ async def test_a_stream_that_fails_part_way_reaches_the_client_as_a_failure(
                     with pytest.raises(aiohttp.ClientPayloadError):
                         await r.read()
             with pytest.raises(openai.APIConnectionError):  # the SDK reads the whole body: its error
+                await client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="pcm")
+            with pytest.raises(openai.InternalServerError) as whole:  # a file sent whole: an error answer
                 await client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="wav")
+            assert whole.value.code == "engine_error"
             with pytest.raises(httpx2.RemoteProtocolError, match="incomplete chunked read"):  # the transport's
                 async with client.audio.speech.with_streaming_response.create(
                     model="tts-1", voice="alloy", input=text, response_format="mp3"
@@ -409,7 +430,7 @@ async def test_a_stream_that_fails_part_way_reaches_the_client_as_a_failure(
             assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "engine_error"
         failed = [entry for entry in logs if entry["event"] == "http_stream_failed"]
         assert len(failed) == 8 and all(entry["code"] == "engine_error" for entry in failed), failed
-        finished = await api.rec.wait_for(lambda: len(api.rec.finished()) == 8 and api.rec.finished())
+        finished = await api.rec.wait_for(lambda: len(api.rec.finished()) == 9 and api.rec.finished())
         assert {p["status"] for p in finished.values()} == {"error"}
 
 

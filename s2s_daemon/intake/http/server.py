@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
 import structlog
 from aiohttp import web
 
@@ -34,7 +35,7 @@ from s2s_daemon.intake.http.api import (
     unanswered,
     with_openai_names,
 )
-from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, encoder_factory
+from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, WavEncoder, encoder_factory
 from s2s_daemon.intake.schemas import IntakeRules, parse_say, resolve_voice
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import ErrorCode, Status
@@ -272,6 +273,11 @@ class HttpSpeechServer:
     async def _respond(
         self, request: web.Request, speech: SpeechPayload, job: Job, stream: CallerStream
     ) -> web.StreamResponse:
+        if speech.stream_format != "sse" and (
+            speech.response_format == "flac"
+            or (speech.response_format == "wav" and "stream_format" not in speech.model_fields_set)
+        ):
+            return await self._respond_whole(speech, job, stream)
         sse = speech.stream_format == "sse"
         response: web.StreamResponse | None = None
         encoder: ThreadedEncoder | None = None
@@ -349,6 +355,36 @@ class HttpSpeechServer:
         )
         return response if response is not None else web.Response(status=499)
 
+    async def _respond_whole(self, speech: SpeechPayload, job: Job, stream: CallerStream) -> web.StreamResponse:
+        """A file sent once complete, with its length: FLAC (libsndfile cannot stream it), and WAV
+        unless ``stream_format: audio`` asks for it streamed (a streamed WAV's header cannot know its
+        length). A request that fails is an error answer, not a short file."""
+        parts: list[Samples] = []
+        try:
+            async for chunk in stream.chunks(job.done):
+                parts.append(chunk)
+            await job.done.wait()
+        finally:
+            if not job.done.is_set():  # the client went away (its handler was cancelled)
+                log.info("http_client_gone", sent_bytes=0)
+                stream.abandon()
+                self.dispatcher.cancel(job, Status.INTERRUPTED)
+        if job.status is not Status.COMPLETED:
+            raise unanswered(job.status, job.error, self.dispatcher.accepting)
+        samples = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        rate = stream.sample_rate or self.info.sample_rate
+        if speech.response_format == "wav":
+            wav = WavEncoder(rate, len(samples))
+            body = wav.header() + wav.encode(samples)
+        else:
+            assert self._executor is not None
+            encoder = encoder_factory(speech.response_format)(rate)
+            body = await asyncio.get_running_loop().run_in_executor(self._executor, _encode_all, encoder, samples)
+        log.info("http_speech", status=str(job.status), format=speech.response_format, stream_format="whole",
+                 sent_bytes=len(body))  # fmt: skip
+        headers = {"X-Request-Id": job.request.id, "Cache-Control": "no-cache"}
+        return web.Response(body=body, headers=headers, content_type=CONTENT_TYPES[speech.response_format])
+
     @staticmethod
     def _log_failed(job: Job, sent: int, action: str) -> None:
         error = job.error
@@ -396,6 +432,13 @@ class HttpSpeechServer:
 
 
 _BEARER = {"WWW-Authenticate": "Bearer"}
+
+
+def _encode_all(encoder: AudioEncoder, samples: Samples) -> bytes:
+    try:
+        return encoder.header() + encoder.encode(samples) + encoder.finish()
+    finally:
+        encoder.close()
 
 
 def _is_loopback(host: str) -> bool:
