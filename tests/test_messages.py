@@ -3,7 +3,9 @@ what to do, never a library's raw traceback or a C library's stray stderr line."
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import gc
 import ctypes.util
 import io
 import json
@@ -19,6 +21,7 @@ import pytest
 from s2s_daemon.errors import UnavailableError
 from s2s_daemon.logs import configure_logging
 from s2s_daemon.mqtt.broker import EmbeddedBroker
+from tests.support.broker import free_port
 from tests.support.daemon import REPO, DaemonProcess, write_config
 
 
@@ -150,3 +153,25 @@ def test_c_formats_are_filled_from_raw_arguments() -> None:
     assert format_c("cannot open %s (%d%%)", [address, 2**32 - 5]) == "cannot open hw:0 (-5%)"
     assert format_c("%s %s %s %s", [address, address, address]) == "%s %s %s %s"  # more than it reads
     assert format_c("no args", []) == "no args"
+
+
+# amqtt leaves the transport of a session that never began open until the garbage collector closes it.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning", "ignore::ResourceWarning")
+async def test_a_port_probe_of_the_embedded_broker_is_not_an_error(capfd: pytest.CaptureFixture[str]) -> None:
+    """A health check or ``nc -z`` connects and closes without an MQTT packet: amqtt logged an error
+    and a warning for each."""
+    configure_logging("json", "info")
+    port = free_port()
+    broker = EmbeddedBroker(port)
+    await broker.start()
+    try:
+        for _ in range(3):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            await writer.wait_closed()
+        await asyncio.sleep(0.3)
+    finally:
+        await broker.stop()
+        gc.collect()  # amqtt's leaked transports go now, under this test's filter
+    err = capfd.readouterr().err
+    assert "No data to decode" not in err and '"level": "error"' not in err, err

@@ -58,6 +58,16 @@ def _broker_class() -> type[Any]:
     return _LoopbackBroker
 
 
+class _PortProbes(logging.Filter):
+    """amqtt logs an error and a warning for every TCP connection that closes without an MQTT packet:
+    a port probe (a health check, ``nc -z``, a client's reachability test), not a failure."""
+
+    PROBE = "No data to decode MQTT packet fixed header"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.PROBE not in record.getMessage()
+
+
 class EmbeddedBroker:
     def __init__(self, port: int) -> None:
         self.port = port
@@ -68,8 +78,11 @@ class EmbeddedBroker:
             broker_class = _broker_class()
         except ImportError as exc:
             raise UnavailableError(f"mqtt.broker 'embedded' needs the amqtt package: {exc}") from exc
-        # amqtt logs every packet at INFO; keep it to warnings.
+        # amqtt logs every packet at INFO; keep it to warnings, and port probes out.
         logging.getLogger("amqtt").setLevel(logging.WARNING)
+        broker_log = logging.getLogger("amqtt.broker")
+        if not any(isinstance(f, _PortProbes) for f in broker_log.filters):
+            broker_log.addFilter(_PortProbes())
         config = {
             "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{self.port}"}},
             "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
