@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import gc
 import ctypes.util
+import gc
 import io
 import json
 import logging
