@@ -21,9 +21,12 @@ def describe(pid: int) -> str:
     except OSError:
         return f"pid {pid}"
     words = [Path(w).name if i == 0 else w for i, w in enumerate(raw.decode(errors="replace").split("\0")) if w]
-    if len(words) > 1 and words[0].startswith("python") and words[1] == "-m":
-        words = words[2:]  # python -m s2s_daemon run: the module is what a user recognizes
-    command = " ".join(words)
+    if len(words) > 1 and words[0].startswith("python"):  # what a user recognizes: the module or script
+        if words[1] == "-m":
+            words = words[2:]
+        elif not words[1].startswith("-"):
+            words = [Path(words[1]).name, *words[2:]]
+    command = " ".join(" ".join(words).split())
     if len(command) > 120:
         command = command[:117] + "..."
     return f"pid {pid} ({command})" if command else f"pid {pid}"
