@@ -76,7 +76,7 @@ def is_local_model(model: str) -> bool:
 
 def _model(config: DaemonConfig) -> list[Finding]:
     model = config.tts.model
-    if not is_local_model(model):
+    if config.tts.engine not in CHECKPOINT_FILES or not is_local_model(model):  # an engine of its own
         return []  # a hub id: fetched, or found in the cache, when the daemon starts
     folder = Path(model).expanduser()
     hint = "a local checkpoint folder, or a hub id such as Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
@@ -86,7 +86,7 @@ def _model(config: DaemonConfig) -> list[Finding]:
         return [Finding("tts.model", f"{model}: not a folder ({hint})")]
     if not os.access(folder, os.R_OK | os.X_OK):
         return [Finding("tts.model", f"{model}: this user cannot read the folder")]
-    needed = CHECKPOINT_FILES.get(config.tts.engine, ("config.json",))
+    needed = CHECKPOINT_FILES[config.tts.engine]
     missing = [name for name in needed if not (folder / name).is_file()]
     if missing:
         return [Finding("tts.model", f"{model}: not a checkpoint in the official layout (no {', '.join(missing)})")]

@@ -111,7 +111,8 @@ def _alsa_message(
 
 
 def _jack_message(text: bytes | None) -> None:
-    log.info("jack_message", message=_text(text))
+    # PortAudio probes JACK on every start: "Cannot connect to server socket" is no news without it.
+    log.debug("jack_message", message=_text(text))
 
 
 def route_native_messages() -> None:
