@@ -11,6 +11,7 @@ from typing import Any
 
 import structlog
 
+from s2s_daemon import preflight
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.config import DaemonConfig
 from s2s_daemon.errors import EXIT_FAILURE, EXIT_NOPERM, EXIT_OK, EXIT_SOFTWARE, UnavailableError
@@ -106,6 +107,7 @@ class Daemon:
         if cfg.wyoming.enabled:
             require_wyoming()
         require_http_extra(cfg.http)  # exit 69 before the model loads
+        preflight.require(cfg)  # every file, folder and port the configuration names: 78 or 69, before it too
         journal = self._journal()
         recovered = journal.open() if journal is not None else None  # unwritable: exit 69 naming the path
         try:

@@ -43,12 +43,32 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    """The schema, then every file, folder and port the configuration names (what ``run`` checks
+    before the model loads). ``--print``: the effective configuration as YAML on standard output
+    (the verdict goes to standard error), ready to be saved and used with ``-c``."""
+    from s2s_daemon import preflight
+
     config = _load(args)
+    if not args.schema_only:
+        preflight.require(config)
     source = _config_path(args.config) or "defaults"
-    print(f"{source}: valid (engine {config.tts.engine}, model {config.tts.model}, sink {config.audio.sink})")
+    verdict = f"{source}: valid (engine {config.tts.engine}, model {config.tts.model}, sink {config.audio.sink})"
+    if args.schema_only:
+        verdict += "; files, folders and ports not checked (--schema-only)"
     if args.print:
-        print(config.model_dump_json(indent=2))
+        print(verdict, file=sys.stderr)
+        print(dump_config(config), end="")
+    else:
+        print(verdict)
     return EXIT_OK
+
+
+def dump_config(config: DaemonConfig) -> str:
+    """``config`` as YAML that ``load_config`` reads back to the same configuration."""
+    import yaml
+
+    header = f"# s2s-daemon {__version__}: the effective configuration (s2s-daemon check-config --print)\n"
+    return header + yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
 def cmd_say(args: argparse.Namespace) -> int:
@@ -107,7 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a configuration file and exit (78 when invalid)")
     check.add_argument("file", nargs="?", help="the file to check (same as -c)")
     config_flag(check)
-    check.add_argument("--print", action="store_true", help="print the effective configuration as JSON")
+    check.add_argument(
+        "--print", action="store_true", help="print the effective configuration as YAML (to save and use with -c)"
+    )
+    check.add_argument(
+        "--schema-only",
+        action="store_true",
+        help="check keys and values only, not the files, folders and ports they name"
+        " (a configuration for another machine, or for the daemon running now)",
+    )
     check.set_defaults(func=cmd_check_config)
 
     say = sub.add_parser("say", help="synthesize one text through the engine and sink, no broker")

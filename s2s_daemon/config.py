@@ -383,6 +383,8 @@ def _format_error(file_data: dict[str, Any], file_label: str, env: EnvOverrides,
         loc = tuple(str(p) for p in err["loc"])
         key = ".".join(loc) or "(top level)"
         message = err["msg"]
+        if err["type"] == "value_error":  # our validators' words, without pydantic's "Value error, "
+            message = str(err.get("ctx", {}).get("error", message.removeprefix("Value error, ")))
         if err["type"] == "extra_forbidden":
             message = "unknown key" + _suggest(loc)
         lines.append(f"  {_blame(loc, file_data, file_label, env)}: {key}: {message}")

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
+EXIT_USAGE = 64
+"""EX_USAGE: a command was given something it cannot take (a voice name with a slash)."""
+EXIT_DATAERR = 65
+"""EX_DATAERR: an input file is not what the command needs (a recording it cannot read, or silence)."""
+EXIT_NOINPUT = 66
+"""EX_NOINPUT: an input file does not exist or cannot be read."""
 EXIT_UNAVAILABLE = 69
 """EX_UNAVAILABLE: a required service or component is missing."""
 EXIT_SOFTWARE = 70
@@ -25,6 +31,24 @@ class ConfigError(DaemonError):
     """The configuration is invalid; the message names the key."""
 
     exit_code = EXIT_CONFIG
+
+
+class UsageError(DaemonError):
+    """A command's argument is not acceptable; the message says which and why."""
+
+    exit_code = EXIT_USAGE
+
+
+class DataError(DaemonError):
+    """An input file is not what the command needs (its format, its content)."""
+
+    exit_code = EXIT_DATAERR
+
+
+class NoInputError(DaemonError):
+    """An input file does not exist or cannot be read."""
+
+    exit_code = EXIT_NOINPUT
 
 
 class UnavailableError(DaemonError):

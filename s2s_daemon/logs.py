@@ -20,17 +20,25 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
         renderer = structlog.dev.ConsoleRenderer(colors=out.isatty())
     else:
         renderer = structlog.processors.JSONRenderer()
+    shared: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+        structlog.processors.format_exc_info,
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
+        processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
-    logging.basicConfig(level=max(_LEVELS[level], logging.WARNING), stream=out, force=True)
+    # Libraries' stdlib records (amqtt, aiohttp, ...) as lines of the same log, not "ERROR:amqtt:..."
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    logging.basicConfig(level=max(_LEVELS[level], logging.WARNING), handlers=[handler], force=True)

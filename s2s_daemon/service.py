@@ -42,6 +42,8 @@ DEVICE_GROUPS = ("audio", "video", "render")
 """Supplementary groups of the system service (sound card, GPUs), where they exist."""
 HOME_ROOTS = (Path("/home"), Path("/root"), Path("/run/user"))
 """What ``ProtectHome=yes`` hides."""
+TMP_ROOTS = (Path("/tmp"), Path("/var/tmp"))
+"""What ``PrivateTmp=yes`` replaces with empty folders of the service's own."""
 
 TEMPLATES: dict[str, str] = {
     "systemd-user": "s2s-daemon.service",
@@ -228,8 +230,12 @@ def systemd_problem() -> str | None:
     return None
 
 
+def _under(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path == root or root in path.parents for root in roots)
+
+
 def _under_home(path: Path) -> bool:
-    return any(path == root or root in path.parents for root in HOME_ROOTS)
+    return _under(path, HOME_ROOTS)
 
 
 def code_paths() -> tuple[Path, ...]:
@@ -328,6 +334,17 @@ class ServiceCommand:
         groups: tuple[str, ...] = DEVICE_GROUPS
         if self.scope == "system":
             groups = existing_groups()
+            private = [p for p in (python, config, *code_paths()) if _under(p, TMP_ROOTS)]
+            if private:
+                why = (
+                    ", ".join(str(p) for p in private) + " lie under /tmp or /var/tmp: the system unit's"
+                    " PrivateTmp=yes gives the service empty folders of its own there, so it would not find"
+                    " them (the start fails, 203/EXEC); install into a virtual environment under /opt and"
+                    f" keep the configuration in {SYSTEM_CONFIG.parent}"
+                )
+                if self.action == "install":
+                    raise ServiceError(why, EXIT_CONFIG)
+                self.warn("warning: " + why)
             exposed = [p for p in (python, config, *code_paths()) if _under_home(p)]
             if exposed:
                 protect_home = "read-only"

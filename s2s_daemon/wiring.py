@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import structlog
+
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import AudioSink
 from s2s_daemon.config import DaemonConfig
@@ -28,10 +30,18 @@ from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice, normalize_language
 from s2s_daemon.pipeline.voices import VoiceKind, VoiceLibrary, default_voices_dir
-from s2s_daemon.tts.engine import CheckpointError, ModelUnavailableError, SynthesisRequest, TtsEngine
+from s2s_daemon.tts.engine import (
+    CheckpointError,
+    ModelUnavailableError,
+    SynthesisRequest,
+    TtsEngine,
+    UnknownVoiceError,
+)
 from s2s_daemon.tts.registry import create_engine, engine_options
 from s2s_daemon.tts.stage import TtsStage
 from s2s_daemon.tts.worker import EngineWorker
+
+log = structlog.get_logger(__name__)
 
 
 async def load_engine(config: DaemonConfig) -> tuple[EngineWorker, EngineInfo]:
@@ -63,9 +73,17 @@ async def load_engine(config: DaemonConfig) -> tuple[EngineWorker, EngineInfo]:
         raise UnavailableError(f"engine {config.tts.engine!r} failed to load {config.tts.model!r}: {exc}") from exc
     try:
         voice = config.tts.voice
-        if voice is not None and info.voices and voice.strip().lower() not in {v.lower() for v in info.voices}:
-            if voice_library(config, info).lookup(voice) is None:
-                match_voice(voice, info.voices, None)
+        if voice is not None and voice.strip().lower() not in {v.lower() for v in info.voices}:
+            if info.voices:
+                if voice_library(config, info).lookup(voice) is None:
+                    match_voice(voice, info.voices, None)
+            elif "voice" in config.tts.model_fields_set:  # no presets: it must be a library voice
+                library = voice_library(config, info)
+                if library.lookup(voice) is None:
+                    raise UnknownVoiceError(
+                        f"voice {voice!r} is not in the voice library ({library.root}) and this"
+                        f" {info.mode} model has no preset speakers; {_library_choices(library)}"
+                    )
         normalize_language(config.tts.language, info.languages)
     except EngineError as exc:
         await worker.close()
@@ -77,6 +95,31 @@ async def load_engine(config: DaemonConfig) -> tuple[EngineWorker, EngineInfo]:
 def voice_library(config: DaemonConfig, info: EngineInfo) -> VoiceLibrary:
     """The library of named voices (``tts.voices_dir``) as the loaded model can speak them."""
     return VoiceLibrary(config.tts.voices_dir or default_voices_dir(), info.mode)
+
+
+def _library_choices(library: VoiceLibrary) -> str:
+    names = [name for name, kind in library.names().items() if kind is VoiceKind.CLONE]
+    if names:
+        return f"its clone voices: {', '.join(names)}"
+    return "make one with: s2s-daemon voices add NAME --ref-audio FILE.wav --ref-text 'what it says'"
+
+
+def no_default_voice(config: DaemonConfig, info: EngineInfo, library: VoiceLibrary, voice: str | None) -> str | None:
+    """Why requests to this model must name a voice, or None. A Base model clones a recording and
+    has no voice of its own: without ``tts.voice`` naming a library voice (or a ``say --ref-audio``)
+    there is nothing to speak with, and a request that names no voice is refused, saying how to
+    make one, rather than spoken in a voice the model was never given."""
+    if info.mode != "base" or info.voices:
+        return None
+    try:
+        if voice is not None and library.lookup(voice) is not None:
+            return None
+    except UnknownVoiceError:  # a voice of another kind: load_engine refused a tts.voice set so
+        pass
+    return (
+        "this Base model speaks cloned voices only and has no default voice: name a library voice in"
+        f" the request, or set tts.voice to one ({_library_choices(library)})"
+    )
 
 
 UTTERANCES_AHEAD = 1
@@ -129,15 +172,24 @@ def build_pipeline(
     requests = RequestQueue(config.queue.max_pending if max_pending is None else max_pending)
     ledger = Dispatcher(requests, events, config.queue.dedup_window)
     library = voice_library(config, info)
+    voice = config.tts.voice if default_voice is None else default_voice
+    cloning = template is not None and template.ref_audio is not None  # say --ref-audio
+    no_default = None if cloning else no_default_voice(config, info, library, voice)
+    if no_default is not None:
+        voice = None
+        log.warning("no_default_voice", model=info.model, mode=info.mode, requests_without_a_voice=no_default)
+    elif info.voices or voice is not None:
+        log.info("default_voice", voice=match_voice(None, info.voices, voice) if info.voices else voice)
     rules = IntakeRules(
         site_id=config.site_id,
         max_text_chars=config.tts.max_text_chars,
         voices=info.voices,
         languages=info.languages,
-        default_voice=config.tts.voice if default_voice is None else default_voice,
+        default_voice=voice,
         default_language=config.tts.language,
         library=library,
         stream_idle_s=config.tts.stream_idle_s,
+        no_default=no_default,
     )
     utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
     outputs: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances.callers")  # each played at once

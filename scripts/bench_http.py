@@ -61,6 +61,8 @@ def engine_sections(engine: str) -> dict[str, Any]:
 
 async def one(http: aiohttp.ClientSession, url: str, fmt: str) -> tuple[str, float, int]:
     body = {"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": fmt}
+    if fmt != "flac":  # streamed: a wav without it is sent whole, with its length
+        body["stream_format"] = "audio"
     sent = time.monotonic()
     first = None
     size = 0

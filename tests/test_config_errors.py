@@ -63,10 +63,10 @@ def test_a_mapping_value_blames_the_variable_only_for_its_own_keys(tmp_path: Pat
 def test_a_section_error_names_the_file_and_the_variables_that_touched_the_section(tmp_path: Path) -> None:
     path = write(tmp_path, "mqtt: {host: broker.lan}\n")
     assert error_lines(path, {"S2S_MQTT__PASSWORD_FILE": "/x"}) == [
-        f"{path} + S2S_MQTT__PASSWORD_FILE=/x (environment): mqtt: Value error, password_file needs username"
+        f"{path} + S2S_MQTT__PASSWORD_FILE=/x (environment): mqtt: password_file needs username"
     ]
     assert error_lines(None, {"S2S_MQTT__PASSWORD_FILE": "/x"}) == [
-        "S2S_MQTT__PASSWORD_FILE=/x (environment): mqtt: Value error, password_file needs username"
+        "S2S_MQTT__PASSWORD_FILE=/x (environment): mqtt: password_file needs username"
     ]
 
 

@@ -12,6 +12,7 @@ import asyncio
 import io
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from s2s_daemon import cli
-from s2s_daemon.config import load_config
+from s2s_daemon.config import HaConfig, load_config
 from s2s_daemon.errors import ConfigError
 from s2s_daemon.events.discovery import config_payloads, node_id
 from s2s_daemon.mqtt.topics import Topics
@@ -101,16 +102,34 @@ AVAILABILITY_KEYS = {"topic", "payload_available", "payload_not_available", "val
 STATE_CLASSES = {"measurement", "measurement_angle", "total", "total_increasing"}
 UNITS = {"duration": {"d", "h", "min", "s", "ms", "µs"}, "data_size": {"B", "kB", "KiB", "MB", "MiB", "GB", "GiB"}}
 
+
+def _is_number(value: object) -> bool:
+    """Home Assistant's ``is_number`` filter."""
+    try:
+        float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 JINJA = ImmutableSandboxedEnvironment()
+JINJA.filters["is_number"] = _is_number
 
 
-def render(template: str, payload: bytes) -> str:
+@dataclass
+class State:
+    """Home Assistant's state object, as ``this`` in an MQTT template (2022.9+)."""
+
+    state: str = "unknown"
+
+
+def render(template: str, payload: bytes, this: State | None = None) -> str:
     """As Home Assistant renders ``value_template`` / ``command_template``."""
     try:
         value_json = json.loads(payload)
     except ValueError:
         value_json = None
-    return JINJA.from_string(template).render(value=payload.decode(), value_json=value_json)
+    return JINJA.from_string(template).render(value=payload.decode(), value_json=value_json, this=this or State())
 
 
 def check_ha_schema(topic: str, config: dict[str, Any]) -> str:
@@ -209,6 +228,10 @@ async def test_configs_are_retained_valid_and_read_our_topics(tmp_path: Path, mo
     assert latency["state_topic"] == "s2s/kitchen/metrics/latency" and latency["unit_of_measurement"] == "ms"
     first_audio = json.loads(last["/metrics/latency"])["firstAudioOutMs"]
     assert float(render(latency["value_template"], last["/metrics/latency"])) == first_audio
+    # a caller's request (HTTP, Wyoming) is not the room's: the sensor keeps its value, or stays unknown
+    caller = json.dumps({**json.loads(last["/metrics/latency"]), "output": "caller", "firstAudioOutMs": 1.0})
+    assert render(latency["value_template"], caller.encode(), State("312.5")) == "312.5"
+    assert render(latency["value_template"], caller.encode(), State("unknown")) == "None"
     memory = entity(configs, "sensor", "memory")
     assert memory["state_topic"] == "s2s/kitchen/metrics/memory" and memory["unit_of_measurement"] == "MiB"
     assert float(render(memory["value_template"], last["/metrics/memory"])) > 10
@@ -338,6 +361,20 @@ def test_ha_config_is_validated(tmp_path: Path) -> None:
     assert config.ha.discovery and config.ha.prefix == HA and config.ha.name == "Kitchen voice"
 
 
+def test_the_device_model_is_a_name_not_a_path() -> None:
+    topics = Topics("s2s", "kitchen")
+    for model, shown in [
+        ("/home/ann/models/my-tiny", "my-tiny (torch)"),
+        ("/root/.cache/huggingface/hub/models--Qwen--Qwen3-TTS-12Hz-0.6B-Base/snapshots/abc", None),
+        ("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice", "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice (torch)"),
+    ]:
+        payloads = config_payloads(HaConfig(discovery=True), topics, EngineInfo("torch", model, "cpu", 24000))
+        device = next(iter(payloads.values()))["device"]
+        assert isinstance(device, dict)
+        assert device["model"] == (shown or "Qwen/Qwen3-TTS-12Hz-0.6B-Base (torch)"), device
+        assert "/home" not in str(device) and "/root" not in str(device)
+
+
 def test_topics_stay_valid_for_any_site_and_prefix() -> None:
     info = EngineInfo(engine="torch", model="/models/my tts", device="cuda:0", sample_rate=24000)
     config = load_config(None, environ={"S2S_HA__PREFIX": "ha/test", "S2S_HA__NAME": "Living room"}).ha
@@ -348,7 +385,7 @@ def test_topics_stay_valid_for_any_site_and_prefix() -> None:
         assert check_ha_schema(topic.replace("ha/test/", f"{HA}/", 1), payload)
         device = payload["device"]
         assert isinstance(device, dict) and device["name"] == "Living room"
-        assert device["model"] == "/models/my tts (torch)" and device["hw_version"] == "cuda:0"
+        assert device["model"] == "my tts (torch)" and device["hw_version"] == "cuda:0"
     assert set(payloads) == {
         "ha/test/notify/voice_home_living_room/say/config",
         "ha/test/button/voice_home_living_room/stop/config",

@@ -11,17 +11,21 @@ import io
 import json
 import shutil
 import socket
+import subprocess
 import time
+import wave
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx2
 import numpy as np
 import openai
 import pytest
 import soundfile
+import structlog
 
 from s2s_daemon.app import Daemon
 from s2s_daemon.config import load_config
@@ -157,22 +161,38 @@ async def test_sse_events_carry_the_audio_and_usage(tmp_path: Path, mosquitto: M
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
-async def test_curl_streams_a_wav(tmp_path: Path, mosquitto: Mosquitto) -> None:
+async def test_curl_gets_a_wav_whole_with_its_length_or_streamed_when_asked(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """A WAV asked for as a file has its real length in its header (soxi had said 24:51:18, the
+    'unknown length' of a streamed WAV); ``stream_format: audio`` streams it, header and all."""
     curl = shutil.which("curl")
     assert curl is not None, "curl is not installed (apt-get install curl)"
     text = "Hello from curl."
-    out, head = tmp_path / "speech.wav", tmp_path / "headers.txt"
+    body = {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav"}
     async with speech_api(tmp_path, mosquitto) as api:
-        proc = await asyncio.create_subprocess_exec(
-            curl, "-sS", "-N", "--fail-with-body", f"{api.base_url}/v1/audio/speech",
-            "-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json",
-            "-d", json.dumps({"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav"}),
-            "-o", str(out), "-D", str(head),
-        )  # fmt: skip
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
-    headers = head.read_text().lower()
-    assert "transfer-encoding: chunked" in headers and "content-type: audio/wav" in headers
-    assert len(decode("wav", out.read_bytes())) == tone_samples(text)
+        for name, extra in (("whole", {}), ("streamed", {"stream_format": "audio"})):
+            out, head = tmp_path / f"{name}.wav", tmp_path / f"{name}.txt"
+            proc = await asyncio.create_subprocess_exec(
+                curl, "-sS", "-N", "--fail-with-body", f"{api.base_url}/v1/audio/speech",
+                "-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json",
+                "-d", json.dumps({**body, **extra}), "-o", str(out), "-D", str(head),
+            )  # fmt: skip
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+    whole, streamed = (tmp_path / "whole.txt").read_text().lower(), (tmp_path / "streamed.txt").read_text().lower()
+    assert "content-type: audio/wav" in whole and "transfer-encoding: chunked" not in whole
+    assert f"content-length: {(tmp_path / 'whole.wav').stat().st_size}" in whole
+    assert "transfer-encoding: chunked" in streamed and "content-type: audio/wav" in streamed
+    with wave.open(str(tmp_path / "whole.wav")) as wav:
+        assert wav.getnframes() == tone_samples(text) and wav.getframerate() == 24000
+    with wave.open(str(tmp_path / "streamed.wav")) as wav:
+        assert wav.getnframes() > 10 * tone_samples(text)  # 'unknown length': read to the end of the stream
+    for name in ("whole", "streamed"):
+        assert len(decode("wav", (tmp_path / f"{name}.wav").read_bytes())) == tone_samples(text)
+    soxi = shutil.which("soxi")
+    if soxi is not None:  # what the newcomer ran
+        seconds = subprocess.run([soxi, "-D", str(tmp_path / "whole.wav")], capture_output=True, text=True, check=True)
+        assert float(seconds.stdout) == pytest.approx(tone_samples(text) / 24000, abs=0.001)
 
 
 async def test_a_client_that_disconnects_frees_the_engine(tmp_path: Path, mosquitto: Mosquitto) -> None:
@@ -356,3 +376,92 @@ def test_requests_that_end_without_audio(
         assert answer.headers["Retry-After"] == "1"  # the SDK retries after it
     if http_status in (409, 500):
         assert answer.headers["x-should-retry"] == "false"  # the SDK must not say it again
+
+
+async def test_a_stream_that_fails_part_way_reaches_the_client_as_a_failure(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """Streamed audio that the engine fails part-way (here: past ``tts.max_utterance_s``) must not
+    read as a whole file: the connection ends without HTTP's terminating chunk, so curl, aiohttp and
+    the openai SDK report an error instead of returning truncated bytes; SSE sends OpenAI's error event."""
+    curl = shutil.which("curl")
+    assert curl is not None, "curl is not installed (apt-get install curl)"
+    text = "q" * 100  # 4 s of audio at real time: cut after 1 s
+    cut = {"tts": {"options": {"speed": "1"}, "max_utterance_s": 1.0}}
+    body = {"model": "tts-1", "input": text, "voice": "alloy"}
+    async with speech_api(tmp_path, mosquitto, **cut) as api, api.client() as client:
+        with structlog.testing.capture_logs() as logs:
+            for fmt in ("wav", "mp3", "opus", "pcm"):
+                out = tmp_path / f"cut.{fmt}"
+                proc = await asyncio.create_subprocess_exec(
+                    curl, "-sS", "-N", f"{api.base_url}/v1/audio/speech",
+                    "-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json",
+                    "-d", json.dumps({**body, "response_format": fmt, "stream_format": "audio"}), "-o", str(out),
+                    stderr=asyncio.subprocess.PIPE,
+                )  # fmt: skip
+                _, err = await asyncio.wait_for(proc.communicate(), 20)
+                assert proc.returncode == 18, (fmt, proc.returncode, err)  # CURLE_PARTIAL_FILE
+                assert out.stat().st_size > 0  # what came before the failure was sent
+            async with aiohttp.ClientSession(api.base_url) as http:
+                async with http.post(
+                    "/v1/audio/speech",
+                    json={**body, "response_format": "pcm"},
+                    headers={"Authorization": f"Bearer {KEY}"},
+                ) as r:
+                    assert r.status == 200
+                    with pytest.raises(aiohttp.ClientPayloadError):
+                        await r.read()
+            with pytest.raises(openai.APIConnectionError):  # the SDK reads the whole body: its error
+                await client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="pcm")
+            with pytest.raises(openai.InternalServerError) as whole:  # a file sent whole: an error answer
+                await client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="wav")
+            assert whole.value.code == "engine_error"
+            with pytest.raises(httpx2.RemoteProtocolError, match="incomplete chunked read"):  # the transport's
+                async with client.audio.speech.with_streaming_response.create(
+                    model="tts-1", voice="alloy", input=text, response_format="mp3"
+                ) as response:
+                    async for _ in response.iter_bytes():
+                        pass
+            async with client.audio.speech.with_streaming_response.create(
+                model="tts-1", voice="alloy", input=text, response_format="pcm", stream_format="sse"
+            ) as response:
+                events = [json.loads(line[6:]) async for line in response.iter_lines() if line.startswith("data: ")]
+            assert events[0]["type"] == "speech.audio.delta"
+            assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "engine_error"
+        failed = [entry for entry in logs if entry["event"] == "http_stream_failed"]
+        assert len(failed) == 8 and all(entry["code"] == "engine_error" for entry in failed), failed
+        finished = await api.rec.wait_for(lambda: len(api.rec.finished()) == 9 and api.rec.finished())
+        assert {p["status"] for p in finished.values()} == {"error"}
+
+
+async def test_answers_name_no_paths_and_events_say_where_a_request_came_from(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """``/v1/models`` names a local checkpoint by its folder's name, not its path; ``unknown_voice``
+    names OpenAI's voices too; every event says its request's origin (and the latency event where
+    its audio went), so that the room's latency can be told from a caller's."""
+    folder = tmp_path / "home" / "ann" / "checkpoints" / "kitchen-voice"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    async with speech_api(tmp_path, mosquitto, tts={"model": str(folder)}) as api, api.client() as client:
+        models = [m.id async for m in client.models.list()]
+        assert models[0] == "kitchen-voice" and not any("/" in m for m in models)
+        assert (await client.models.retrieve("kitchen-voice")).id == "kitchen-voice"
+        with pytest.raises(openai.BadRequestError) as bad:
+            await client.audio.speech.create(model="tts-1", voice="Nobody", input="hi")
+        assert "choose one of Ryan, Vivian" in str(bad.value) and "alloy" in str(bad.value)
+        raw = await client.audio.speech.with_raw_response.create(
+            model="tts-1", voice="alloy", input="from a caller", response_format="pcm"
+        )
+        caller = raw.headers["x-request-id"]
+        await api.rec.say(SAY, {"id": "room", "text": "in the room"})
+        await api.rec.wait_finished([caller, "room"])
+        latency = await api.rec.wait_for(lambda: len(api.rec.payloads("/metrics/latency")) == 2 and api.rec)
+    events = {
+        suffix: {p["id"]: p for p in latency.payloads(suffix)}
+        for suffix in ("/tts/started", "/tts/finished", "/metrics/latency")
+    }
+    for payloads in events.values():
+        assert payloads[caller]["origin"] == "http" and payloads["room"]["origin"] == "mqtt"
+    assert events["/metrics/latency"][caller]["output"] == "caller"
+    assert events["/metrics/latency"]["room"]["output"] == "speaker"

@@ -110,7 +110,7 @@ def test_one_daemon_per_journal(tmp_path: Path) -> None:
     first, _ = journal_at(tmp_path / "j.sqlite3")
     first.open()
     second, _ = journal_at(tmp_path / "j.sqlite3")
-    with pytest.raises(UnavailableError, match="locked"):
+    with pytest.raises(UnavailableError, match="is held by another daemon: one daemon per journal"):
         second.open()
     first.close()
     second.open()

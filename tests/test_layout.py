@@ -8,7 +8,7 @@ from pathlib import Path
 import s2s_daemon
 
 ROWS = [
-    {"config", "errors", "logs", "notify", "__init__"},
+    {"config", "errors", "logs", "notify", "holders", "__init__"},
     {"pipeline"},
     {"mqtt"},
     {"tts"},
@@ -16,7 +16,7 @@ ROWS = [
     {"vad"},
     {"intake"},
     {"events"},
-    {"wiring", "app", "say", "cli", "__main__"},
+    {"wiring", "preflight", "app", "say", "cli", "__main__"},
     {"bench", "tools", "service"},
 ]
 RANK = {group: row for row, groups in enumerate(ROWS) for group in groups}

@@ -92,9 +92,11 @@ async def test_a_stream_never_closed_ends_after_the_idle_time(tmp_path: Path, mo
         assert fin["quiet"]["audioMs"] == pytest.approx(spoken_ms(["我们走吧。", "然后"]), abs=1)
         # pieces that come before a piece 0 that never comes: answered once, after the idle time
         await piece(rec, "headless", 3, "lost")
+        await piece(rec, "headless", 5, "orphan")
         fin = await rec.wait_finished(["headless"], timeout_s=10)
         assert fin["headless"]["status"] == "rejected" and fin["headless"]["error"]["code"] == "bad_payload"
         assert "piece 0" in fin["headless"]["error"]["message"]
+        assert "2 later pieces (10 characters)" in fin["headless"]["error"]["message"]
 
 
 async def test_stop_and_interrupt_mid_stream(tmp_path: Path, mosquitto: Mosquitto) -> None:

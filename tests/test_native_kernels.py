@@ -353,3 +353,42 @@ def test_native_row_limit_keeps_the_blocked_product_where_the_blas_is_slower(
 
     monkeypatch.setattr(torch, "mm", _slowed(torch.mm, 0.05))
     assert native_row_limit(ext, torch.randn(64, 64)) == ext.MAX_BLOCKED_ROWS
+
+
+def test_the_kernels_let_go_of_the_gil(ext: Any) -> None:
+    """A long native call (a prefill, a decoder chunk) must not freeze the event loop: stops, MQTT,
+    signals (a second Ctrl-C) and the watchdog run beside it. Holding the GIL, the ticker below ticked
+    about 10 times a second during the call (a second Ctrl-C waited 2.5 s for a prefill); free of it,
+    hundreds."""
+    import threading
+    import time
+
+    x = torch.randn(1, 256, 1_000_000)  # one call of a second or two on one core
+    alpha, inv_beta = torch.rand(256), torch.rand(256)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a core left for the ticker on a 2-core box
+    try:
+        ticks: list[float] = []
+        span: list[float] = []
+        running = threading.Event()
+        done = threading.Event()
+
+        def call() -> None:
+            running.set()
+            span.append(time.perf_counter())
+            ext.snake(x, alpha, inv_beta)
+            span.append(time.perf_counter())
+            done.set()
+
+        worker = threading.Thread(target=call)
+        worker.start()
+        running.wait(5)
+        while not done.is_set():  # Python bytecode: every tick needs the GIL
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+        worker.join(60)
+    finally:
+        torch.set_num_threads(threads)
+    began, ended = span
+    inside = sum(1 for t in ticks if began < t < ended)
+    assert inside >= 100 * (ended - began), f"{inside} ticks in {ended - began:.2f} s of a native call"

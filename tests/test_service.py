@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import io
 import os
@@ -403,6 +404,7 @@ def test_system_install_needs_root(tmp_path: Path, config: Path) -> None:
 
 @pytest.mark.usefixtures("as_systemd_host")
 def test_system_install_as_root(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service, "TMP_ROOTS", ())  # pytest's tmp_path, where the config is, lies under /tmp
     monkeypatch.setattr(service, "SYSTEM_UNIT_PATH", tmp_path / "etc/systemd/system" / UNIT_NAME)
     monkeypatch.setattr(service, "SYSUSERS_PATH", tmp_path / "etc/sysusers.d/s2s-daemon.conf")
     host = FakeHost()
@@ -428,6 +430,26 @@ def test_system_unit_under_home_protects_home_read_only(tmp_path: Path) -> None:
     assert cmd.execute() == EXIT_OK
     code_in_home = any(service._under_home(p) for p in (PYTHON, *service.code_paths()))
     assert value(out.getvalue(), "Service", "ProtectHome") == ("read-only" if code_in_home else "yes")
+
+
+@pytest.mark.usefixtures("as_systemd_host")
+def test_a_system_unit_that_would_run_from_tmp_is_warned_or_refused(tmp_path: Path, config: Path) -> None:
+    """PrivateTmp=yes hides /tmp from the service: an interpreter or configuration there cannot start."""
+    cmd, out, err = command("print", tmp_path, FakeHost(), scope="system", config=Path("/tmp/s2s/config.yaml"))
+    cmd = dataclasses.replace(cmd, python=Path("/tmp/s2s/.venv/bin/python"))
+    assert cmd.execute() == EXIT_OK
+    assert "ExecStart" in out.getvalue()
+    warning = err.getvalue()
+    assert "/tmp/s2s/.venv/bin/python, /tmp/s2s/config.yaml lie under /tmp or /var/tmp" in warning
+    assert "PrivateTmp=yes" in warning and "/opt" in warning
+    host = FakeHost()
+    cmd, _, err = command("install", tmp_path, host, scope="system", config=config, uid=0)
+    cmd = dataclasses.replace(cmd, python=Path("/var/tmp/venv/bin/python"))
+    assert cmd.execute() == EXIT_CONFIG
+    assert "PrivateTmp=yes" in err.getvalue() and host.commands == []
+    cmd, _, err = command("print", tmp_path, FakeHost(), scope="system", config=Path("/etc/s2s-daemon/config.yaml"))
+    assert cmd.execute() == EXIT_OK
+    assert "PrivateTmp" not in err.getvalue() or service._under(PYTHON, service.TMP_ROOTS)
 
 
 def test_system_unit_lists_only_existing_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

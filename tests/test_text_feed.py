@@ -98,6 +98,10 @@ def test_too_long_and_late_pieces() -> None:
     closed = TextFeed(100, 5.0)
     closed.add(0, "a", last=True)
     assert not closed.add(1, "b")
+    early = TextFeed(100, 5.0)  # pieces waiting for the ones before them count as received
+    early.add(2, "orphan")
+    early.add(4, "s")
+    assert (early.chars, early.received_chars, early.received_pieces) == (0, 7, 2)
 
 
 # -- the TTS stage with a streamed text ------------------------------------------------------

@@ -115,12 +115,14 @@ def test_voices_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main([*base, "add", "bob", "--ref-audio", str(flac), "--dir", str(root)]) != 0  # exists
     short = tmp_path / "short.wav"
     soundfile.write(str(short), audio[: rate // 2], rate)
-    assert main([*base, "add", "tiny", "--ref-audio", str(short), "--dir", str(root)]) != 0  # 0.5 s
-    assert main([*base, "add", "../evil", "--instruct", "x", "--dir", str(root)]) != 0
+    assert main([*base, "add", "tiny", "--ref-audio", str(short), "--dir", str(root)]) == 65  # 0.5 s
+    assert main([*base, "add", "../evil", "--instruct", "x", "--dir", str(root)]) == 64
     silent = tmp_path / "silent.wav"
     soundfile.write(str(silent), np.zeros(rate * 4, dtype=np.float32), rate)
     capsys.readouterr()
-    assert main([*base, "add", "quiet", "--ref-audio", str(silent), "--dir", str(root)]) == 0
+    assert main([*base, "add", "quiet", "--ref-audio", str(silent), "--dir", str(root)]) == 65  # no voice to clone
+    assert "silent" in capsys.readouterr().err and not (root / "quiet").exists()
+    assert main([*base, "add", "quiet", "--ref-audio", str(silent), "--dir", str(root), "--force"]) == 0
     assert "silent" in capsys.readouterr().err
     assert main([*base, "add", "narrator", "--instruct", "A deep, calm voice.", "--dir", str(root)]) == 0
     assert main([*base, "list", "--dir", str(root)]) == 0
@@ -129,6 +131,32 @@ def test_voices_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main([*base, "remove", "bob", "--dir", str(root)]) == 0
     assert not (root / "bob").exists() and (root / "narrator").is_dir()
     assert main([*base, "remove", "bob", "--dir", str(root)]) != 0
+
+
+def test_voices_add_says_what_is_wrong_with_the_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing file is no "System error", a file that is no recording is no "invalid
+    configuration" (exit 78), and a voice the configured model cannot speak gets a hint."""
+    monkeypatch.delenv("S2S_CONFIG", raising=False)
+    root = tmp_path / "voices"
+    capsys.readouterr()
+    assert main(["voices", "add", "x", "--ref-audio", str(tmp_path / "nope.wav"), "--dir", str(root)]) == 66
+    err = capsys.readouterr().err
+    assert "nope.wav: No such file or directory" in err and "System error" not in err
+    garbage = tmp_path / "garbage.wav"
+    garbage.write_text("not audio")
+    assert main(["voices", "add", "x", "--ref-audio", str(garbage), "--dir", str(root)]) == 65
+    assert "not a recording this can read" in capsys.readouterr().err
+    monkeypatch.setenv("S2S_TTS__MODEL", str(FIXTURES / "custom_voice"))
+    assert main(["voices", "add", "bob", "--ref-audio", str(REF_WAV), "--dir", str(root)]) == 0
+    assert "is a custom_voice model: it cannot speak a clone voice; a Base model" in capsys.readouterr().err
+    monkeypatch.setenv("S2S_TTS__MODEL", str(BASE))
+    assert main(["voices", "add", "carol", "--ref-audio", str(REF_WAV), "--dir", str(root)]) == 0
+    assert "note:" not in capsys.readouterr().err
+    monkeypatch.setenv("S2S_TTS__MODEL", "Qwen/Qwen3-TTS-12Hz-0.6B-Base")
+    assert main(["voices", "add", "narrator", "--instruct", "A deep voice.", "--dir", str(root)]) == 0
+    assert "it cannot speak a design voice; a VoiceDesign model" in capsys.readouterr().err
 
 
 # -- the torch engine: clone prompts computed once --------------------------------------

@@ -185,6 +185,7 @@ async def test_synthesize_streams_audio_as_it_is_made(tmp_path: Path, mosquitto:
         assert fin[0]["status"] == "completed" and fin[0]["audioMs"] == pytest.approx(1000 * group.samples / RATE)
         lat = await d.rec.wait_for(lambda: d.rec.payloads("/metrics/latency"), timeout_s=5)
         assert lat[0]["id"] == fin[0]["id"] and lat[0]["ttfaMs"] is not None
+        assert fin[0]["origin"] == lat[0]["origin"] == "wyoming" and lat[0]["output"] == "caller"
 
 
 async def test_streamed_text_comes_back_one_group_per_sentence(tmp_path: Path, mosquitto: Mosquitto) -> None:
@@ -305,7 +306,9 @@ async def test_a_taken_port_is_unavailable(tmp_path: Path, mosquitto: Mosquitto)
         port = taken.getsockname()[1]
         wyoming = {"enabled": True, "host": "127.0.0.1", "port": port, "zeroconf": False}
         path = write_config(tmp_path / "daemon.yaml", mosquitto.port, wyoming=wyoming)
-        with pytest.raises(UnavailableError, match=f"wyoming: cannot listen on 127.0.0.1:{port}"):
+        with pytest.raises(
+            UnavailableError, match=f"wyoming.port: cannot listen on 127.0.0.1:{port}: the port is in use"
+        ):
             await asyncio.wait_for(Daemon(load_config(path, environ={})).run(), 10)
 
 

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import glob
 import json
+import os
+import platform
+import re
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
+import structlog
+
 from s2s_daemon.audio.sink import AudioDeviceError
 from s2s_daemon.errors import EXIT_OK, EXIT_UNAVAILABLE
+
+log = structlog.get_logger(__name__)
 
 Direction = Literal["input", "output"]
 
@@ -33,8 +45,103 @@ class DeviceInfo:
         return (self.max_input_channels if direction == "input" else self.max_output_channels) > 0
 
 
+VARIADIC_IN_REGISTERS = frozenset({"x86_64", "amd64", "aarch64", "arm64"})
+"""Linux ABIs that pass a variadic integer or pointer argument where a named one would go, so that
+the handler can read ALSA's first arguments as extra named ones (System V x86-64, AAPCS64)."""
+_ALSA_ARGS = 3
+"""Integer or pointer arguments of ALSA's format read; a message that needs more (or a float) is
+logged with its format as it is."""
+_ALSA_ERROR = ctypes.CFUNCTYPE(
+    None, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, *[ctypes.c_void_p] * _ALSA_ARGS
+)
+"""``snd_lib_error_handler_t``: ``(file, line, function, err, fmt, ...)``, its first variadic arguments
+taken as named ones where the ABI allows (``VARIADIC_IN_REGISTERS``)."""
+_CONVERSION = re.compile(r"%[-+ #0]*\d*(?:\.\d+)?(?:hh|h|ll|l|z|j|t)?([diouxXcsp%])")
+_JACK_MESSAGE = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_C_HANDLERS: list[Any] = []
+"""The installed C callbacks, kept alive for the life of the process."""
+
+
+def _text(raw: bytes | None) -> str:
+    return raw.decode(errors="replace").strip() if raw else ""
+
+
+def format_c(fmt: str, args: Sequence[int | None]) -> str:
+    """``fmt`` with its ``%s``/``%d``-style conversions filled from raw integer or pointer ``args``;
+    the format unchanged when it needs more of them, or one this cannot read."""
+    conversions = [m for m in _CONVERSION.finditer(fmt) if m.group(1) != "%"]
+    if len(conversions) > len(args):
+        return fmt
+    values = iter(args)
+
+    def fill(match: re.Match[str]) -> str:
+        kind = match.group(1)
+        if kind == "%":
+            return "%"
+        raw = next(values) or 0
+        if kind == "s":
+            return ctypes.string_at(raw).decode(errors="replace") if raw else "(null)"
+        if kind == "c":
+            return chr(raw & 0xFF)
+        if kind == "p":
+            return hex(raw)
+        if kind in "di":
+            bits = 64 if match.group(0)[-2:-1] in ("l", "z", "j", "t") else 32
+            value = raw & ((1 << bits) - 1)
+            return str(value - (1 << bits) if value >> (bits - 1) else value)
+        return format(raw, {"o": "o", "x": "x", "X": "X"}.get(kind, "d"))
+
+    return _CONVERSION.sub(fill, fmt)
+
+
+def _alsa_message(
+    file: bytes | None, line: int, function: bytes | None, err: int, fmt: bytes | None, *args: int | None
+) -> None:
+    # Runs on whichever thread ALSA is on (PortAudio's among them): only a log line, nothing shared.
+    text = _text(fmt)
+    if platform.machine().lower() in VARIADIC_IN_REGISTERS:
+        text = format_c(text, args)
+    log.warning(
+        "alsa_message",
+        message=text,
+        function=_text(function),
+        where=f"{_text(file)}:{line}",
+        error=os.strerror(abs(err)) if err else None,
+    )
+
+
+def _jack_message(text: bytes | None) -> None:
+    # PortAudio probes JACK on every start: "Cannot connect to server socket" is no news without it.
+    log.debug("jack_message", message=_text(text))
+
+
+def route_native_messages() -> None:
+    """Route what ALSA and JACK print on standard error from C (``ALSA lib pcm.c:8545:(snd_pcm_recover)
+    underrun occurred``, JACK's "Cannot connect to server socket" while PortAudio probes it) into the
+    daemon's log. Installed once, before PortAudio loads them; a library that is not there is skipped."""
+    if _C_HANDLERS or not sys.platform.startswith("linux"):
+        return
+    for name, setter, kind, handler in (
+        ("asound", "snd_lib_error_set_handler", _ALSA_ERROR, _alsa_message),
+        ("jack", "jack_set_error_function", _JACK_MESSAGE, _jack_message),
+        ("jack", "jack_set_info_function", _JACK_MESSAGE, _jack_message),
+    ):
+        found = ctypes.util.find_library(name)
+        if found is None:
+            continue
+        try:
+            library = ctypes.CDLL(found)
+            install = getattr(library, setter)
+        except (OSError, AttributeError):
+            continue
+        callback = kind(handler)
+        install(callback)
+        _C_HANDLERS.append(callback)
+
+
 def portaudio() -> ModuleType:
     """Import ``sounddevice``; a missing extra or PortAudio library is an ``AudioDeviceError``."""
+    route_native_messages()
     try:
         import sounddevice
     except ImportError as exc:
@@ -85,7 +192,7 @@ def resolve_device(spec: str | int | None, direction: Direction) -> DeviceInfo:
     a string an exact name or else a unique case-insensitive substring."""
     devices = [d for d in list_devices() if d.has(direction)]
     if not devices:
-        raise AudioDeviceError(f"no sound {direction} device found")
+        raise AudioDeviceError(f"no sound {direction} device found; {no_devices_hint()[0]}")
     if spec is None:
         for device in devices:
             if device.default_input if direction == "input" else device.default_output:
@@ -112,6 +219,52 @@ def _names(devices: list[DeviceInfo]) -> str:
     return ", ".join(f"{d.index}: {d.name!r}" for d in devices)
 
 
+ALSA_PULSE_PLUGIN = "libasound_module_pcm_pulse.so"
+"""ALSA's ``pulse`` device (Debian: libasound2-plugins): how PortAudio reaches PulseAudio and PipeWire."""
+ALSA_PLUGIN_DIRS = ("/usr/lib/*/alsa-lib", "/usr/lib/alsa-lib", "/usr/lib64/alsa-lib")
+NO_SPEAKER = "a box without one can still serve: audio.sink: wav (with audio.wav_dir) or discard"
+
+
+def no_devices_hint(
+    platform: str | None = None,
+    dev_snd: Path = Path("/dev/snd"),
+    environ: Mapping[str, str] | None = None,
+    plugin_dirs: tuple[str, ...] = ALSA_PLUGIN_DIRS,
+) -> list[str]:
+    """What to install or start when PortAudio lists no device at all."""
+    platform = sys.platform if platform is None else platform
+    env = os.environ if environ is None else environ
+    if platform == "darwin":
+        return ["CoreAudio lists no device: connect one or pick one in System Settings > Sound", NO_SPEAKER]
+    if not platform.startswith("linux"):
+        return [NO_SPEAKER]
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    sockets = [Path(runtime) / "pulse" / "native", Path(runtime) / "pipewire-0"] if runtime else []
+    server = bool(env.get("PULSE_SERVER")) or any(p.exists() for p in sockets)
+    card = dev_snd.is_dir() and any(dev_snd.glob("pcm*"))
+    plugin = any(glob.glob(os.path.join(d, ALSA_PULSE_PLUGIN)) for d in plugin_dirs)
+    hints = []
+    if server and not plugin:
+        hints.append(
+            "a sound server runs for this user, but ALSA's pulse plugin that PortAudio reaches it through is"
+            " missing: sudo apt-get install libasound2-plugins (Fedora: alsa-plugins-pulseaudio)"
+        )
+    elif not server and not card:
+        hints.append(
+            "no sound card (/dev/snd) and no sound server for this user"
+            + (f" (nothing at {sockets[0]})" if sockets else " (XDG_RUNTIME_DIR is not set)")
+            + ": start PipeWire or PulseAudio in your session (systemctl --user start pipewire pipewire-pulse,"
+            " or pulseaudio --start; sudo apt-get install pipewire-pulse or pulseaudio), or plug in a sound card"
+        )
+    elif card and not server:
+        hints.append(
+            f"{dev_snd} exists but PortAudio opened nothing: this user may not be allowed to use it"
+            " (sudo usermod -aG audio $USER, then log in again), or start PipeWire or PulseAudio"
+        )
+    hints.append(NO_SPEAKER)
+    return hints
+
+
 def format_table(devices: list[DeviceInfo]) -> str:
     lines = [f"{'idx':>3}  {'in':>3} {'out':>3}  {'rate':>6}  {'default':<8} {'host api':<10} name"]
     for d in devices:
@@ -134,6 +287,8 @@ def _run_devices(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not devices:
         sys.stdout.write("no sound devices found\n")
+        for line in no_devices_hint():
+            sys.stdout.write(f"  {line}\n")
         return EXIT_OK
     sys.stdout.write(format_table(devices) + "\n")
     sys.stdout.write("Use the index or (part of) the name as audio.device or vad.device.\n")

@@ -97,6 +97,11 @@ class PlaybackStage:
             waited = await self._prebuffer(job, utterance)
             if waited > 0:
                 ledger.record(job, Prebuffered(time.monotonic(), waited))
+            if job.stopped.is_set():  # stopped while it was held: none of it is let out
+                utterance.chunks.clear()
+                utterance.chunks.close()
+                ledger.record(job, Released(time.monotonic()))
+                return
         task: asyncio.Task[PlaybackReport] = asyncio.create_task(
             sink.play(utterance, lambda at: ledger.record(job, FirstSample(at))),
             name=f"s2s.playback.{utterance.request.id}",
@@ -114,8 +119,8 @@ class PlaybackStage:
         utterance.chunks.close()
         now = time.monotonic()
         if task.cancelled():
-            log.info("playback_stopped", status=str(job.status))
             ledger.record(job, PlaybackEnded(now))
+            log.info("playback_stopped", status=str(job.status))
         elif (exc := task.exception()) is not None:
             if isinstance(exc, AudioDeviceError):
                 log.warning("playback_failed", error=str(exc))

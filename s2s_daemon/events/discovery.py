@@ -33,7 +33,7 @@ from s2s_daemon.events.publisher import dumps
 from s2s_daemon.mqtt.connection import ConnectOptions, MqttError, MqttProtocol, publish_all, read_password, tls_context
 from s2s_daemon.mqtt.messages import OutMessage
 from s2s_daemon.mqtt.topics import Topics, ha_birth, ha_config
-from s2s_daemon.pipeline.vocabulary import EngineInfo
+from s2s_daemon.pipeline.vocabulary import EngineInfo, model_name
 
 log = structlog.get_logger(__name__)
 
@@ -49,6 +49,12 @@ ENTITIES: tuple[tuple[str, str], ...] = (
 STATES = ("idle", "synthesizing", "speaking")
 """The values of ``state`` in the retained state topic: the enum sensor's options."""
 NOTIFY_TEMPLATE = "{{ {'text': value} | tojson }}"
+LATENCY_TEMPLATE = (
+    "{{ value_json.firstAudioOutMs if value_json.output == 'speaker'"
+    " else (this.state if this.state | is_number else 'None') }}"
+)
+"""The room's first-audio latency: a caller's request (HTTP, Wyoming: audio streamed back, not played
+here) keeps the sensor's value (``this``, Home Assistant 2022.9+); 'None' is Home Assistant's unknown."""
 """Home Assistant renders the notify message (``value``) into a say request."""
 MANUFACTURER = "s2s-daemon"
 BIRTH_ONLINE = b"online"
@@ -77,7 +83,7 @@ def config_payloads(config: HaConfig, topics: Topics, info: EngineInfo) -> dict[
         "identifiers": [node],
         "name": config.name or f"s2s {topics.site_id}",
         "manufacturer": MANUFACTURER,
-        "model": f"{info.model} ({info.engine})",
+        "model": f"{model_name(info.model)} ({info.engine})",
         "hw_version": info.device,
         "sw_version": __version__,
     }
@@ -125,7 +131,7 @@ def config_payloads(config: HaConfig, topics: Topics, info: EngineInfo) -> dict[
             "latency",
             "First audio latency",
             state_topic=topics.latency,
-            value_template="{{ value_json.firstAudioOutMs }}",
+            value_template=LATENCY_TEMPLATE,
             device_class="duration",
             unit_of_measurement="ms",
             state_class="measurement",

@@ -73,6 +73,9 @@ class IntakeRules:
     """Named cloned / designed voices (``tts.voices_dir``); preset speakers win a clash of names."""
     stream_idle_s: float = 20.0
     """A streamed text with no piece for this long (and no end) ends (``tts.stream_idle_s``)."""
+    no_default: str | None = None
+    """Why a request must name its voice (a Base model with no ``tts.voice``: nothing to clone); a
+    request that names none is rejected ``unknown_voice`` with it. None: the default applies."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,8 @@ def resolve_voice(value: str | None, rules: IntakeRules) -> str | None:
     ``None`` or blank picks ``rules.default_voice``. Raises UnknownVoiceError for any other name.
     """
     wanted = value.strip() if value is not None and value.strip() else None
+    if wanted is None and rules.no_default is not None:
+        raise UnknownVoiceError(rules.no_default)
     library = rules.library
     if library is not None:
         presets = {v.lower() for v in rules.voices}

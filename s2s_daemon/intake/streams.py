@@ -128,7 +128,12 @@ class StreamIntake:
         early = self._pop_early(rid)
         if early is None:
             return
-        message = f"piece 0 of stream {rid!r} never came ({len(early.feed.pending())} characters of later pieces)"
+        feed = early.feed
+        message = (
+            f"piece 0 of stream {rid!r} never came (within tts.stream_idle_s, {self.rules.stream_idle_s:g} s); "
+            f"its {feed.received_pieces} later piece{'s' if feed.received_pieces != 1 else ''} "
+            f"({feed.received_chars} characters) went unspoken"
+        )
         log.warning("stream_never_opened", request_id=rid)
         self._answer(rid)
         self.dispatcher.reject(self._placeholder(rid), ErrorCode.BAD_PAYLOAD, message)

@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 
 from s2s_daemon.errors import UnavailableError
+from s2s_daemon.holders import describe, port_holder
 
 log = structlog.get_logger(__name__)
 
@@ -57,6 +58,16 @@ def _broker_class() -> type[Any]:
     return _LoopbackBroker
 
 
+class _PortProbes(logging.Filter):
+    """amqtt logs an error and a warning for every TCP connection that closes without an MQTT packet:
+    a port probe (a health check, ``nc -z``, a client's reachability test), not a failure."""
+
+    PROBE = "No data to decode MQTT packet fixed header"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.PROBE not in record.getMessage()
+
+
 class EmbeddedBroker:
     def __init__(self, port: int) -> None:
         self.port = port
@@ -67,17 +78,32 @@ class EmbeddedBroker:
             broker_class = _broker_class()
         except ImportError as exc:
             raise UnavailableError(f"mqtt.broker 'embedded' needs the amqtt package: {exc}") from exc
-        # amqtt logs every packet at INFO; keep it to warnings.
+        # amqtt logs every packet at INFO; keep it to warnings, and port probes out.
         logging.getLogger("amqtt").setLevel(logging.WARNING)
+        broker_log = logging.getLogger("amqtt.broker")
+        if not any(isinstance(f, _PortProbes) for f in broker_log.filters):
+            broker_log.addFilter(_PortProbes())
         config = {
             "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{self.port}"}},
             "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
         }
         broker = broker_class(config)
+        quiet = logging.getLogger("amqtt.broker")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)  # its traceback of a failed start: ours below says it in one line
         try:
             await broker.start()
         except Exception as exc:  # amqtt wraps bind failures in its own BrokerError
-            raise UnavailableError(f"embedded MQTT broker cannot listen on 127.0.0.1:{self.port}: {exc}") from exc
+            cause = exc.__cause__ or exc
+            why = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(exc)
+            holder = port_holder(self.port)
+            by = f" (held by {describe(holder)})" if holder is not None else ""
+            raise UnavailableError(
+                f"mqtt.port: the embedded broker cannot listen on 127.0.0.1:{self.port}: {why}{by};"
+                " stop it, or set mqtt.port"
+            ) from exc
+        finally:
+            quiet.setLevel(level)
         self._broker = broker
         log.info("embedded_broker_started", host="127.0.0.1", port=self.port, protocol="3.1.1")
 

@@ -56,6 +56,9 @@ class Timeline:
     """Audio buffered before the first sample because the engine was slower than real time."""
     played_ms: float | None = None
     """Milliseconds of audio delivered: the sink's report, or estimated when playback was stopped."""
+    stop_asked: float | None = None
+    """When the request was asked to stop (a stop, ``interrupt``, barge-in, the drain, its caller
+    gone): a first sample handed on after this was not heard (``Dispatcher.heard``)."""
 
 
 class Phase(enum.StrEnum):
@@ -340,13 +343,13 @@ class Dispatcher:
         """Stop ``job`` wherever it is: the one way to stop a request.
 
         A queued job ends at once. Otherwise its stop token is set and the stage holding it
-        reports how it ended (``PlaybackEnded`` or ``Released``). ``interrupted`` means some of
-        it was heard: a job stopped before its first sample played ends ``cancelled``.
+        reports how it ended (``PlaybackEnded`` or ``Released``). Whether a stopped job ends
+        ``interrupted`` or ``cancelled`` is decided when it ends, by ``heard``.
         """
         if job.status is not None or job.phase is Phase.DONE:
             return
-        if status is Status.INTERRUPTED and job.timeline.first_sample_out is None:
-            status = Status.CANCELLED
+        if job.timeline.stop_asked is None:
+            job.timeline.stop_asked = time.monotonic()
         self._stop(job)
         if job.phase is Phase.QUEUED:
             self.queue.remove(job.request.id)
@@ -404,6 +407,15 @@ class Dispatcher:
         job.cancelled = True
         job.stopped.set()
 
+    @staticmethod
+    def heard(job: Job, at: float | None) -> bool:
+        """The one rule of ``interrupted`` against ``cancelled``: a sample handed on at ``at`` was
+        heard when it left before the request was asked to stop. One handed on after the stop (a
+        sink that had not seen it yet: at most a device period plays before its flush) was not:
+        the request ends ``cancelled``, with no ``tts/started``, ``audioMs`` 0 and no latency event."""
+        stop = job.timeline.stop_asked
+        return at is not None and (stop is None or at <= stop)
+
     # -- what the stages report ------------------------------------------------------------
 
     def record(self, job: Job, event: StageEvent) -> None:
@@ -436,7 +448,7 @@ class Dispatcher:
             case Prebuffered(_, seconds):
                 tl.prebuffer_s = seconds
             case FirstSample(at):
-                if tl.first_sample_out is None:
+                if tl.first_sample_out is None and self.heard(job, at):
                     tl.first_sample_out = at
                     job.phase = Phase.SPEAKING
                     self.events.started(job)
@@ -450,15 +462,17 @@ class Dispatcher:
         tl = job.timeline
         if report is not None:
             tl.underruns = report.underruns
-            if report.first_sample_at is not None and tl.first_sample_out is None:
+            if tl.first_sample_out is None and self.heard(job, report.first_sample_at):
                 tl.first_sample_out = report.first_sample_at
+        if tl.first_sample_out is None:
+            tl.played_ms = 0.0
+        elif report is not None:
             tl.last_sample_played = report.last_sample_at
             tl.played_ms = report.audio_ms
-        elif tl.first_sample_out is None:
-            tl.played_ms = 0.0
         else:  # stopped or failed while playing: it played in real time since the first sample
-            tl.last_sample_played = at
-            tl.played_ms = round(min(tl.audio_s, max(0.0, at - tl.first_sample_out)) * 1000.0, 1)
+            end = at if tl.stop_asked is None else min(at, tl.stop_asked)
+            tl.last_sample_played = end
+            tl.played_ms = round(min(tl.audio_s, max(0.0, end - tl.first_sample_out)) * 1000.0, 1)
         if job.status is None and job.shortfall is not None:
             job.status, job.error = Status.ERROR, job.shortfall
         self._terminate(job, job.status or Status.COMPLETED)
@@ -466,6 +480,8 @@ class Dispatcher:
     def _terminate(self, job: Job, status: Status, error: RequestError | None = None) -> None:
         if job.phase is Phase.DONE:
             return
+        if status in (Status.INTERRUPTED, Status.CANCELLED):
+            status = Status.INTERRUPTED if job.timeline.first_sample_out is not None else Status.CANCELLED
         job.phase = Phase.DONE
         job.status = status
         job.error = error if error is not None else job.error

@@ -38,12 +38,15 @@ from typing import Any
 import structlog
 
 from s2s_daemon.errors import UnavailableError
+from s2s_daemon.holders import describe, file_lock_holder
 from s2s_daemon.pipeline.messages import ReplyTo, SayRequest
 
 log = structlog.get_logger(__name__)
 
 LOCK_TIMEOUT_S = 2.0
 """How long ``open`` waits for the journal's lock (a predecessor still exiting)."""
+LOCKED_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+"""SQLite's answers when another connection holds the lock."""
 PRUNE_EVERY = 512
 """Admissions between two deletions of done rows older than the de-duplication window."""
 
@@ -69,6 +72,15 @@ CREATE TABLE IF NOT EXISTS outgoing (
 
 class JournalError(Exception):
     """A journal write failed (disk full, I/O error); the message names the file."""
+
+
+def held_message(path: Path, holder: str | None) -> str:
+    """Why a journal cannot be opened when another process holds its lock (one daemon per journal)."""
+    who = f"another daemon ({holder})" if holder is not None else "another daemon"
+    return (
+        f"{path} is held by {who}: one daemon per journal; stop that one, or give this one its own"
+        " site_id (each site has its own journal) or journal.path"
+    )
 
 
 def default_journal_path(site_id: str, environ: Mapping[str, str] | None = None, home: Path | None = None) -> Path:
@@ -246,6 +258,11 @@ class RequestJournal:
         return recovered
 
     def _unavailable(self, exc: BaseException) -> UnavailableError:
+        if isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode in LOCKED_CODES:
+            holder = file_lock_holder(self.path)
+            return UnavailableError(
+                "journal.path: " + held_message(self.path, describe(holder) if holder is not None else None)
+            )
         return UnavailableError(
             f"journal {self.path}: cannot open or write it ({exc}); make its folder writable, set journal.path,"
             " or run without durability: journal.enabled: false (S2S_JOURNAL__ENABLED=false)"

@@ -65,6 +65,16 @@ class TextFeed:
     def complete(self) -> bool:
         return self.end is not None
 
+    @property
+    def received_pieces(self) -> int:
+        """Pieces received, in order or waiting for one before them."""
+        return self.pieces + len(self._early)
+
+    @property
+    def received_chars(self) -> int:
+        """Characters received, in order or waiting for a piece before them."""
+        return self.chars + sum(len(text) for text in self._early.values())
+
     def add(self, seq: int, text: str, *, last: bool = False, now: float | None = None) -> bool:
         """Take piece ``seq`` (``last``: no piece follows it); False when it changes nothing (a
         repeat, or a piece after the end)."""

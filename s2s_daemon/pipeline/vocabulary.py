@@ -8,6 +8,7 @@ protocol (``tts/engine.py``) re-exports it for the engines.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -105,3 +106,16 @@ def match_voice(value: str | None, voices: tuple[str, ...], default: str | None)
     if found is None:
         raise UnknownVoiceError(f"voice {wanted!r} is unknown; choose one of {', '.join(voices)}")
     return found
+
+
+def model_name(model: str) -> str:
+    """``tts.model`` as others may see it: a hub id as is, a local folder by its name (a path says
+    where the files are on this machine, and whose home they are in; ``/v1/models``, Home Assistant's
+    device), a hub cache snapshot by the id it was downloaded as."""
+    if not model.startswith(("/", ".", "~")) and "/" in model and not Path(model).expanduser().exists():
+        return model
+    path = Path(model).expanduser()
+    for part in reversed(path.parts):
+        if part.startswith("models--"):  # .../hub/models--Qwen--Qwen3-TTS-12Hz-0.6B-Base/snapshots/<hash>
+            return part[len("models--") :].replace("--", "/", 1)
+    return path.resolve().name or model

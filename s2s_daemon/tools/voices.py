@@ -9,7 +9,9 @@ The running daemon reads a voice's folder on every request that names it: no rel
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -19,8 +21,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from s2s_daemon.config import load_config
-from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError
+from s2s_daemon.config import DaemonConfig, load_config
+from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError, DataError, NoInputError, UsageError
 from s2s_daemon.pipeline.voices import INSTRUCT, META, REF_AUDIO, REF_TEXT, default_voices_dir, read_voice, valid_name
 
 RATE_HZ = 24000
@@ -33,12 +35,15 @@ SILENCE_RMS = 0.003
 """Below this RMS (about -50 dBFS) the recording is taken for silence."""
 
 
+def _config(args: argparse.Namespace) -> DaemonConfig:
+    raw = args.config or os.environ.get("S2S_CONFIG")
+    return load_config(Path(raw) if raw else None, dict(os.environ))
+
+
 def voices_dir(args: argparse.Namespace) -> Path:
     if args.dir is not None:
         return Path(args.dir)
-    raw = args.config or os.environ.get("S2S_CONFIG")
-    config = load_config(Path(raw) if raw else None, dict(os.environ))
-    return config.tts.voices_dir or default_voices_dir()
+    return _config(args).tts.voices_dir or default_voices_dir()
 
 
 def read_audio(path: Path) -> npt.NDArray[np.float32]:
@@ -46,9 +51,15 @@ def read_audio(path: Path) -> npt.NDArray[np.float32]:
     import soundfile
 
     try:
+        with path.open("rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise NoInputError(f"--ref-audio {path}: {exc.strerror or exc}") from exc
+    try:
         data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
+        why = getattr(exc, "error_string", None) or str(exc)
+        raise DataError(f"--ref-audio {path}: not a recording this can read (WAV, FLAC, OGG, MP3): {why}") from exc
     mono = data.mean(axis=1).astype(np.float32)
     if rate != RATE_HZ:
         import soxr
@@ -58,16 +69,20 @@ def read_audio(path: Path) -> npt.NDArray[np.float32]:
 
 
 def check_audio(audio: npt.NDArray[np.float32], force: bool) -> list[str]:
-    """Warnings about ``audio``; ConfigError for a length outside 3-30 s unless ``force``."""
+    """Warnings about ``audio``; ``DataError`` for a length outside 3-30 s or a silent recording
+    (nothing to clone) unless ``force``."""
     seconds = len(audio) / RATE_HZ
     if not MIN_S <= seconds <= MAX_S and not force:
-        raise ConfigError(f"the recording is {seconds:.1f} s; a reference should be {MIN_S:g}-{MAX_S:g} s (--force)")
+        raise DataError(f"the recording is {seconds:.1f} s; a reference should be {MIN_S:g}-{MAX_S:g} s (--force)")
     warnings = []
     if len(audio) and float(np.mean(np.abs(audio) >= CLIP_LEVEL)) > CLIP_SHARE:
         warnings.append("the recording is clipped (samples at full scale): the clone copies the distortion")
     rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64)))) if len(audio) else 0.0
     if rms < SILENCE_RMS:
-        warnings.append(f"the recording is (nearly) silent (RMS {rms:.4f})")
+        silent = f"the recording is (nearly) silent (RMS {rms:.4f}, below {SILENCE_RMS:g}): there is no voice to clone"
+        if not force:
+            raise DataError(f"{silent}; check the microphone and the file (--force takes it anyway)")
+        warnings.append(silent)
     return warnings
 
 
@@ -80,13 +95,13 @@ def write_wav(path: Path, audio: npt.NDArray[np.float32]) -> None:
 def cmd_add(args: argparse.Namespace) -> int:
     name: str = args.name
     if not valid_name(name):
-        raise ConfigError(f"voice name {name!r}: use letters, digits, '-' and '_' only (at most 64)")
+        raise UsageError(f"voice name {name!r}: use letters, digits, '-' and '_' only (at most 64)")
     if args.ref_audio is None and not args.instruct:
-        raise ConfigError("a voice needs --ref-audio (Base models) or --instruct (VoiceDesign models)")
+        raise UsageError("a voice needs --ref-audio (Base models) or --instruct (VoiceDesign models)")
     root = voices_dir(args)
     target = root / name
     if target.exists() and not args.force:
-        raise ConfigError(f"voice {name!r} exists in {root} (--force replaces it)")
+        raise UsageError(f"voice {name!r} exists in {root} (--force replaces it)")
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
     try:
@@ -112,7 +127,49 @@ def cmd_add(args: argparse.Namespace) -> int:
         if staging.exists():
             shutil.rmtree(staging)
     print(f"added {name} ({_describe(root, name)}) in {root}")
+    if (hint := _model_hint(args, "design" if args.ref_audio is None else "clone")) is not None:
+        print(f"note: {hint}", file=sys.stderr)
     return EXIT_OK
+
+
+MODE_OF_ID = re.compile(r"-(Base|CustomVoice|VoiceDesign)(?:-[\w.]+)?$", re.IGNORECASE)
+"""The kind of a hub model from its id (``Qwen/Qwen3-TTS-12Hz-0.6B-Base``, mlx-community's ``...-Base-6bit``)."""
+MODE_NAMES = {"base": "base", "customvoice": "custom_voice", "voicedesign": "voice_design"}
+SPEAKS = {
+    "clone": ("base", "a Base model (tts.model: Qwen/Qwen3-TTS-12Hz-0.6B-Base)"),
+    "design": (
+        "voice_design",
+        "a VoiceDesign model (tts.model: Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign)",
+    ),
+}
+
+
+def model_mode(model: str) -> str | None:
+    """``base``, ``custom_voice`` or ``voice_design`` for a local checkpoint or an official hub id;
+    None when it cannot be told without loading it."""
+    folder = Path(model).expanduser()
+    if folder.is_dir():
+        try:
+            raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        mode = raw.get("tts_model_type") if isinstance(raw, dict) else None
+        return str(mode) if mode else "custom_voice"
+    match = MODE_OF_ID.search(model)
+    return MODE_NAMES[match.group(1).lower()] if match else None
+
+
+def _model_hint(args: argparse.Namespace, kind: str) -> str | None:
+    """What to change when the configured model cannot speak a voice of ``kind``."""
+    try:
+        config = _config(args)
+    except ConfigError:
+        return None
+    mode = model_mode(config.tts.model)
+    needed, which = SPEAKS[kind]
+    if mode is None or mode == needed:
+        return None
+    return f"the configured model ({config.tts.model}) is a {mode} model: it cannot speak a {kind} voice; {which} can"
 
 
 def _describe(root: Path, name: str) -> str:

@@ -150,6 +150,17 @@ def say_payload(speech: SpeechPayload, rules: IntakeRules) -> bytes:
     return json.dumps(say).encode()
 
 
+def with_openai_names(error: RequestError, rules: IntakeRules) -> RequestError:
+    """An ``unknown_voice`` answer that names OpenAI's voices too, which speak with the default
+    voice (not when there is none: a Base model without ``tts.voice``, whose answer says why)."""
+    if rules.no_default is not None:
+        return error
+    names = ", ".join(sorted(OPENAI_VOICES))
+    return RequestError(
+        error.code, f"{error.message}, or one of OpenAI's names, which speak with the default voice: {names}"
+    )
+
+
 def invalid_request(error: RequestError) -> ApiError:
     """A say request the intake rules rejected (text, voice, language)."""
     return ApiError(400, error.message, code=error.code.value, param=PARAM_OF_CODE.get(error.code))

@@ -74,21 +74,26 @@ class PcmEncoder:
 
 
 class WavEncoder(PcmEncoder):
-    """16-bit PCM WAV whose header says 'unknown length' (0xFFFFFFFF), as streamed WAV does."""
+    """16-bit PCM WAV. Streamed, its header is sent before the audio is made and says 'unknown
+    length' (0xFFFFFFFF), as streamed WAV does; given the number of samples (a response sent whole),
+    it says the real length."""
 
-    def __init__(self, sample_rate: int) -> None:
+    def __init__(self, sample_rate: int, samples: int | None = None) -> None:
         self.sample_rate = sample_rate
+        self.samples = samples
 
     def header(self) -> bytes:
         rate = self.sample_rate
         fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)  # PCM, mono, rate, bytes/s, align, bits
+        data = WAV_UNKNOWN_SIZE if self.samples is None else 2 * self.samples
+        riff = WAV_UNKNOWN_SIZE if self.samples is None else 4 + 8 + len(fmt) + 8 + data
         return (
             b"RIFF"
-            + struct.pack("<I", WAV_UNKNOWN_SIZE)
+            + struct.pack("<I", riff)
             + b"WAVEfmt "
             + struct.pack("<I", len(fmt))
             + fmt
-            + (b"data" + struct.pack("<I", WAV_UNKNOWN_SIZE))
+            + (b"data" + struct.pack("<I", data))
         )
 
 

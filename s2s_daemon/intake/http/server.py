@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
 import structlog
 from aiohttp import web
 
@@ -32,12 +33,13 @@ from s2s_daemon.intake.http.api import (
     parse_speech,
     say_payload,
     unanswered,
+    with_openai_names,
 )
-from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, encoder_factory
-from s2s_daemon.intake.schemas import IntakeRules, parse_say
+from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, WavEncoder, encoder_factory
+from s2s_daemon.intake.schemas import IntakeRules, parse_say, resolve_voice
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
-from s2s_daemon.pipeline.messages import Status
-from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, Samples, match_voice
+from s2s_daemon.pipeline.messages import ErrorCode, Status
+from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, Samples, model_name
 
 log = structlog.get_logger(__name__)
 
@@ -221,18 +223,19 @@ class HttpSpeechServer:
         return {"id": model_id, "object": "model", "created": self._created, "owned_by": "s2s-daemon"}
 
     async def _models(self, request: web.Request) -> web.Response:
-        ids = [self.info.model, *(a for a in MODEL_ALIASES if a != self.info.model)]
+        name = model_name(self.info.model)  # a local checkpoint by its folder's name, not its path
+        ids = [name, *(a for a in MODEL_ALIASES if a != name)]
         return web.json_response({"object": "list", "data": [self._model_object(i) for i in ids]})
 
     async def _model(self, request: web.Request) -> web.Response:
         model_id = request.match_info["model"]
-        if model_id != self.info.model and model_id not in MODEL_ALIASES:
+        if model_id != model_name(self.info.model) and model_id not in MODEL_ALIASES:
             raise ApiError(404, f"model {model_id!r} does not exist", code="model_not_found", param="model")
         return web.json_response(self._model_object(model_id))
 
     async def _voices(self, request: web.Request) -> web.Response:
         try:
-            default = match_voice(None, self.info.voices, self.rules.default_voice)
+            default = resolve_voice(None, self.rules)  # None: a request must name its voice
         except EngineError:
             default = None
         presets = {v.lower() for v in self.info.voices}
@@ -257,6 +260,8 @@ class HttpSpeechServer:
         received = time.monotonic()
         speech = parse_speech(await request.read())
         parsed = parse_say(say_payload(speech, self.rules), self.rules, origin="http", received_at=received)
+        if parsed.error is not None and parsed.error.code is ErrorCode.UNKNOWN_VOICE:
+            parsed = dataclasses.replace(parsed, error=with_openai_names(parsed.error, self.rules))
         if parsed.error is not None:
             self.dispatcher.reject(parsed.request, parsed.error.code, parsed.error.message)
             raise invalid_request(parsed.error)
@@ -268,6 +273,11 @@ class HttpSpeechServer:
     async def _respond(
         self, request: web.Request, speech: SpeechPayload, job: Job, stream: CallerStream
     ) -> web.StreamResponse:
+        if speech.stream_format != "sse" and (
+            speech.response_format == "flac"
+            or (speech.response_format == "wav" and "stream_format" not in speech.model_fields_set)
+        ):
+            return await self._respond_whole(speech, job, stream)
         sse = speech.stream_format == "sse"
         response: web.StreamResponse | None = None
         encoder: ThreadedEncoder | None = None
@@ -316,6 +326,13 @@ class HttpSpeechServer:
                 response, encoder = await begin()  # completed without audio: an empty file
                 await send(encoder.encoder.header())
             assert encoder is not None
+            if job.status is not Status.COMPLETED:
+                # Part of the audio went out with 200: SSE says so in its last event, raw audio
+                # only by a broken body.
+                self._log_failed(job, sent, "error event sent" if sse else "connection closed before the body's end")
+                if not sse:
+                    self._abort(request)
+                    return response
             await send(await encoder.finish())
             if sse:
                 await response.write(self._final_event(job))
@@ -338,6 +355,65 @@ class HttpSpeechServer:
         )
         return response if response is not None else web.Response(status=499)
 
+    async def _respond_whole(self, speech: SpeechPayload, job: Job, stream: CallerStream) -> web.StreamResponse:
+        """A file sent once complete, with its length: FLAC (libsndfile cannot stream it), and WAV
+        unless ``stream_format: audio`` asks for it streamed (a streamed WAV's header cannot know its
+        length). A request that fails is an error answer, not a short file."""
+        parts: list[Samples] = []
+        try:
+            async for chunk in stream.chunks(job.done):
+                parts.append(chunk)
+            await job.done.wait()
+        finally:
+            if not job.done.is_set():  # the client went away (its handler was cancelled)
+                log.info("http_client_gone", sent_bytes=0)
+                stream.abandon()
+                self.dispatcher.cancel(job, Status.INTERRUPTED)
+        if job.status is not Status.COMPLETED:
+            raise unanswered(job.status, job.error, self.dispatcher.accepting)
+        samples = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        rate = stream.sample_rate or self.info.sample_rate
+        if speech.response_format == "wav":
+            wav = WavEncoder(rate, len(samples))
+            body = wav.header() + wav.encode(samples)
+        else:
+            assert self._executor is not None
+            encoder = encoder_factory(speech.response_format)(rate)
+            body = await asyncio.get_running_loop().run_in_executor(self._executor, _encode_all, encoder, samples)
+        log.info("http_speech", status=str(job.status), format=speech.response_format, stream_format="whole",
+                 sent_bytes=len(body))  # fmt: skip
+        headers = {"X-Request-Id": job.request.id, "Cache-Control": "no-cache"}
+        return web.Response(body=body, headers=headers, content_type=CONTENT_TYPES[speech.response_format])
+
+    @staticmethod
+    def _log_failed(job: Job, sent: int, action: str) -> None:
+        error = job.error
+        log.warning(
+            "http_stream_failed",
+            status=str(job.status),
+            code=str(error.code) if error is not None else str(job.status),
+            error=error.message if error is not None else f"the speech ended {job.status}",
+            sent_bytes=sent,
+            action=action,
+        )
+
+    @staticmethod
+    def _abort(request: web.Request) -> None:
+        """End a streamed response whose request failed after its first bytes: close the connection
+        without the terminating chunk (HTTP/1.1) or with a reset (no chunked framing to break), as
+        servers do, so that the client reports an incomplete body instead of a short file (curl:
+        exit 18; aiohttp: ``ClientPayloadError``; httpx: ``RemoteProtocolError``, which the openai
+        SDK raises as ``APIConnectionError`` when it reads the body itself). The bytes already
+        written still reach the client."""
+        transport = request.transport
+        if transport is None:  # the client is gone already
+            return
+        if request.version >= (1, 1):
+            transport.close()  # what was written is flushed first; the last chunk never comes
+        else:
+            transport.abort()
+        request.protocol.force_close()
+
     @staticmethod
     def _final_event(job: Job) -> bytes:
         if job.status is Status.COMPLETED:
@@ -356,6 +432,13 @@ class HttpSpeechServer:
 
 
 _BEARER = {"WWW-Authenticate": "Bearer"}
+
+
+def _encode_all(encoder: AudioEncoder, samples: Samples) -> bytes:
+    try:
+        return encoder.header() + encoder.encode(samples) + encoder.finish()
+    finally:
+        encoder.close()
 
 
 def _is_loopback(host: str) -> bool:

@@ -1078,17 +1078,23 @@ torch::Tensor snake(const torch::Tensor& x_in, const torch::Tensor& alpha, const
 
 }  // namespace
 
+#define GIL_FREE py::call_guard<py::gil_scoped_release>()
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() =
       "AVX2 (and AVX-512 VNNI) weight-streaming linear layers (float32, bfloat16, int8, 4-bit weights; float32 "
       "activations)";
-  m.def("linear", &linear, "y = x W^T (+ bias) for a packed weight", py::arg("x"), py::arg("fmt"), py::arg("weight"),
+  // Every computing entry point lets go of the GIL (arguments are converted before, results after):
+  // the event loop keeps serving stops, MQTT and signals while a long prefill or decoder call runs.
+  m.def("linear", &linear, "y = x W^T (+ bias) for a packed weight", GIL_FREE, py::arg("x"), py::arg("fmt"), py::arg("weight"),
         py::arg("scales"), py::arg("mins"), py::arg("out_features"), py::arg("group"), py::arg("bias"));
-  m.def("dequantize", &dequantize, "packed weight -> float32 [out, in]", py::arg("fmt"), py::arg("weight"),
+  m.def("dequantize", &dequantize, "packed weight -> float32 [out, in]", GIL_FREE, py::arg("fmt"), py::arg("weight"),
         py::arg("scales"), py::arg("mins"), py::arg("out_features"), py::arg("in_features"), py::arg("group"));
-  m.def("pack", &pack, "float32 weight [N, K] -> int8 (data, scales) or int4 (data, scales, mins)", py::arg("fmt"),
+  m.def("pack", &pack, "float32 weight [N, K] -> int8 (data, scales) or int4 (data, scales, mins)", GIL_FREE,
+        py::arg("fmt"),
         py::arg("weight"), py::arg("group"));
-  m.def("snake", &snake, "SnakeBeta: x + inv_beta * sin(x * alpha)^2 per channel of x [B, C, T]", py::arg("x"),
+  m.def("snake", &snake, "SnakeBeta: x + inv_beta * sin(x * alpha)^2 per channel of x [B, C, T]", GIL_FREE,
+        py::arg("x"),
         py::arg("alpha"), py::arg("inv_beta"));
   m.def(
       "set_wide",
@@ -1115,7 +1121,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             self(x.data_ptr<float>(), y.data_ptr<float>());
             return y;
           },
-          "one row (as Stack computes it)", py::arg("x"));
+          "one row (as Stack computes it)", GIL_FREE, py::arg("x"));
   py::class_<Layer>(m, "Layer")
       .def(py::init<Packed, Packed, Packed, Packed, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor>(),
            py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("input_norm"),
@@ -1124,9 +1130,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<std::vector<Layer>, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t, double>(),
            py::arg("layers"), py::arg("norm"), py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"),
            py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
-      .def("run", &Stack::run, "one position through every layer and the final norm", py::arg("x"),
+      .def("run", &Stack::run, "one position through every layer and the final norm", GIL_FREE, py::arg("x"),
            py::arg("k_cache"), py::arg("v_cache"), py::arg("cos"), py::arg("sin"), py::arg("start"))
       .def("run_rows", &Stack::run_rows, "rows of several sequences, each at its own position of its own cache",
-           py::arg("x"), py::arg("k_caches"), py::arg("v_caches"), py::arg("cos"), py::arg("sin"), py::arg("caches"),
+           GIL_FREE, py::arg("x"), py::arg("k_caches"), py::arg("v_caches"), py::arg("cos"), py::arg("sin"), py::arg("caches"),
            py::arg("positions"));
 }

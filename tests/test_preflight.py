@@ -1,0 +1,169 @@
+"""``check-config`` checks what ``run`` needs beyond the schema (every file, folder and port the
+configuration names), and ``run`` checks it before the model loads: "valid" then "exit 78" after
+a minute of loading is what this prevents."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from s2s_daemon.config import load_config
+from s2s_daemon.pipeline.journal import RequestJournal
+from tests.support.broker import free_port
+from tests.support.daemon import REPO, DaemonProcess, write_config
+
+BASE: dict[str, Any] = {"mqtt": {"broker": "external"}, "journal": {"enabled": False}, "audio": {"sink": "discard"}}
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def check_config(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "s2s_daemon", "check-config", str(path), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+        check=False,
+    )
+
+
+def config_file(tmp_path: Path, **sections: Any) -> Path:
+    data: dict[str, Any] = {key: dict(value) for key, value in BASE.items()}
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def listening() -> Iterator[int]:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]
+
+
+def test_files_and_folders_the_configuration_names_are_checked(tmp_path: Path) -> None:
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    not_a_checkpoint = tmp_path / "empty-model"
+    not_a_checkpoint.mkdir()
+    a_file = tmp_path / "voices"
+    a_file.write_text("")
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"tts": {"model": "/nonexistent/dir"}}, "tts.model: /nonexistent/dir: no such folder"),
+        ({"tts": {"model": str(not_a_checkpoint)}}, "not a checkpoint in the official layout (no config.json"),
+        ({"tts": {"engine": "mlx", "model": "./nowhere"}}, "tts.model: ./nowhere: no such folder"),
+        ({"mqtt": {"tls": {"ca_file": "/nope.pem"}}}, "mqtt.tls.ca_file: cannot read /nope.pem"),
+        ({"mqtt": {"tls": {"ca_file": str(not_pem)}}}, f"mqtt.tls.ca_file: {not_pem}: not a PEM certificate bundle"),
+        ({"mqtt": {"username": "u", "password_file": "/nope"}}, "mqtt.password_file: cannot read /nope"),
+        ({"http": {"enabled": True, "port": free_port(), "api_key_file": "/nope"}}, "http.api_key_file: cannot read"),
+        ({"tts": {"voices_dir": str(a_file)}}, f"tts.voices_dir: {a_file}: not a folder"),
+    ]
+    for sections, expected in cases:
+        result = check_config(config_file(tmp_path, **sections))
+        assert result.returncode == 78, (sections, result.stdout, result.stderr)
+        assert expected in result.stderr, (sections, result.stderr)
+        assert "valid" not in result.stdout
+
+
+def test_ports_that_clash_or_are_taken_are_named(tmp_path: Path, listening: int) -> None:
+    port = free_port()
+    clash = check_config(
+        config_file(tmp_path, http={"enabled": True, "port": port}, wyoming={"enabled": True, "port": port})
+    )
+    assert clash.returncode == 78
+    assert f"wyoming.port: {port} is http.port too" in clash.stderr
+    taken = check_config(config_file(tmp_path, http={"enabled": True, "port": listening}))
+    assert taken.returncode == 69, taken.stderr
+    assert f"http.port: cannot listen on 127.0.0.1:{listening}: the port is in use by pid {os.getpid()}" in (
+        taken.stderr
+    )
+    embedded = check_config(config_file(tmp_path, mqtt={"broker": "embedded", "port": listening}))
+    assert embedded.returncode == 69 and f"mqtt.port: cannot listen on 127.0.0.1:{listening}" in embedded.stderr
+
+
+def test_a_journal_held_by_another_daemon_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    journal = RequestJournal(path, 16)
+    journal.open()
+    try:
+        result = check_config(config_file(tmp_path, journal={"enabled": True, "path": str(path)}))
+    finally:
+        journal.close()
+    assert result.returncode == 69, result.stderr
+    assert f"journal.path: {path} is held by another daemon (pid {os.getpid()}" in result.stderr
+    assert "site_id" in result.stderr and "journal.path" in result.stderr
+
+
+def test_print_writes_yaml_that_reads_back_as_the_same_configuration(tmp_path: Path) -> None:
+    path = config_file(tmp_path, site_id="attic", tts={"voice": "Vivian", "options": {"max_frames": "40"}})
+    result = check_config(path, "--print")
+    assert result.returncode == 0, result.stderr
+    assert "valid" in result.stderr and "valid" not in result.stdout
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(result.stdout)
+    assert load_config(saved, environ={}) == load_config(path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        ({"tts": {"engine": "torch", "model": "/nonexistent/dir"}}, "tts.model: /nonexistent/dir: no such folder"),
+        ({"mqtt": {"tls": {"ca_file": "/nope.pem"}}}, "mqtt.tls.ca_file: cannot read /nope.pem"),
+    ],
+)
+async def test_run_stops_at_a_wrong_path_before_the_model_loads(
+    tmp_path: Path, sections: dict[str, Any], expected: str
+) -> None:
+    # The tone engine takes 120 s to load here: an exit 78 within the test's minute came before it.
+    tts = sections.get("tts", {})
+    slow = {"tts": tts if "engine" in tts else {"options": {"load_s": "120"}, **tts}}
+    path = write_config(tmp_path / "daemon.yaml", free_port(), **{**sections, **slow})
+    daemon = DaemonProcess(path)
+    daemon.start()
+    try:
+        assert await daemon.wait(60) == 78
+    finally:
+        daemon.cleanup()
+    assert expected in daemon.log()
+
+
+async def test_a_second_daemon_names_the_first(tmp_path: Path, listening: int) -> None:
+    """Two daemons on one site: the second stops before its model loads, naming the first's pid
+    (the journal it holds), not "make its folder writable"."""
+    path = write_config(tmp_path / "daemon.yaml", listening)  # the broker need not answer
+    first = DaemonProcess(path, log_path=tmp_path / "first.log")
+    second = DaemonProcess(path, log_path=tmp_path / "second.log")
+    first.start()
+    try:
+        journal = path.with_suffix(".journal.sqlite3")
+        for _ in range(200):
+            if "journal_opened" in first.log():
+                break
+            await asyncio.sleep(0.05)
+        assert "journal_opened" in first.log()
+        second.start()
+        assert await second.wait(60) == 69
+        assert first.proc is not None
+        assert f"journal.path: {journal} is held by another daemon (pid {first.proc.pid}" in second.log()
+        assert "folder writable" not in second.log()
+    finally:
+        second.cleanup()
+        first.cleanup()
