@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from s2s_daemon import __version__
 from s2s_daemon.config import DaemonConfig, load_config
 from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, DaemonError
 from s2s_daemon.logs import configure_logging
+from s2s_daemon.tts.threads import prepare_openmp
 
 log = structlog.get_logger(__name__)
 
@@ -47,8 +49,26 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     source = _config_path(args.config) or "defaults"
     print(f"{source}: valid (engine {config.tts.engine}, model {config.tts.model}, sink {config.audio.sink})")
     if args.print:
-        print(config.model_dump_json(indent=2))
+        document = config.model_dump(mode="json")
+        if config.tts.engine == "torch":
+            document["resolved"] = {"tts.torch": _resolved_torch(config)}
+        print(json.dumps(document, indent=2))
     return EXIT_OK
+
+
+def _resolved_torch(config: DaemonConfig) -> dict[str, object]:
+    """The torch engine's ``auto`` settings as this machine resolves them (nothing is loaded or built)."""
+    section = config.tts.torch
+    try:
+        from s2s_daemon.tts.torch_qwen3.formats import resolved
+    except ImportError as exc:  # a trimmed install without the torch extra
+        return {"error": f"the torch extra is not installed: {exc}"}
+    from s2s_daemon.pipeline.vocabulary import EngineError
+
+    try:
+        return resolved(section.device, section.dtype, section.quantization, section.kernels, section.threads)
+    except EngineError as exc:  # a device that is not there (cuda on a CPU box)
+        return {"error": str(exc)}
 
 
 def cmd_say(args: argparse.Namespace) -> int:
@@ -149,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    prepare_openmp()  # before anything imports torch (tts/threads.py)
     configure_logging("auto", "warning")  # stderr; commands that need more reconfigure
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -84,12 +84,25 @@ class TorchEngineConfig(Section):
     device: str = "auto"
     """``auto`` (cuda, then mps, then cpu), ``cpu``, ``cuda``, ``cuda:1``, ``mps``."""
     dtype: Literal["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"] = "auto"
-    quantization: Literal["none", "int8", "int4"] = "none"
-    """CPU weight-only quantization of the talker: ``int8`` (per output channel) or ``int4``
-    (per group of 64 inputs, needs the native kernels)."""
+    """``auto``: bfloat16 on CUDA, float32 elsewhere (activations; the weights follow ``quantization``)."""
+    quantization: Literal["auto", "none", "int8", "int4"] = "auto"
+    """The talker's weights on the CPU: ``int8`` (per output channel), ``int4`` (per group of 64
+    inputs, needs the native kernels), ``none`` (as ``dtype``), or ``auto``: int8 where the native
+    kernels run, else none (``torch_qwen3/formats.py``; the choice and its reason are logged)."""
     kernels: Literal["auto", "native", "torch"] = "auto"
     """CPU linear kernels: ``native`` (AVX2 C++ built on first use), ``torch``'s own, or ``auto``
     (native when this machine can build and run them)."""
+    threads: int | Literal["auto"] = "auto"
+    """Intra-op threads on the CPU: ``auto`` follows what the machine leaves free (affinity, a cgroup
+    CPU quota, other processes, steal time; re-checked while running, ``tts/threads.py``); a number
+    fixes it."""
+
+    @field_validator("threads")
+    @classmethod
+    def _threads_positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 1024:
+            raise ValueError("must be auto or a number from 1 to 1024")
+        return value
 
 
 class MlxEngineConfig(Section):

@@ -27,8 +27,8 @@ REFERENCE_ENV = "S2S_BENCH_REFERENCE_PYTHON"
 """Environment variable naming the interpreter of the official ``qwen-tts`` environment."""
 REFERENCE_NAMES = ("qwen-tts", "reference")
 _OPTION_KEYS = ("model", "device", "dtype", "quantization", "kernels", "revision")
-_DEFAULT_QUANTIZATION = {"torch": "none"}
-"""EngineOptions' own default (``6bit``) is an MLX value; torch's default is no quantization."""
+_DEFAULT_QUANTIZATION = {"torch": "auto"}
+"""EngineOptions' own default (``6bit``) is an MLX value; torch's default is the daemon's (``auto``)."""
 
 EPILOG = """\
 examples:
@@ -38,12 +38,13 @@ examples:
 
 --engine NAME[:key=value,...]: NAME is a registered engine (torch, mlx) or qwen-tts (the
 official package, run in its own environment: --reference-python or $S2S_BENCH_REFERENCE_PYTHON).
-Keys: model, device, dtype (torch: fp32, bf16, fp16), quantization (torch: none, int8, int4; mlx:
-4bit, 6bit, 8bit, bf16), kernels (torch on the CPU: auto, native, torch), revision; label=NAME
+Keys: model, device, dtype (torch: fp32, bf16, fp16), quantization (torch: auto, none, int8, int4;
+mlx: 4bit, 6bit, 8bit, bf16), kernels (torch on the CPU: auto, native, torch), revision; label=NAME
 names the row; env.VAR=VALUE sets an environment variable of that configuration's process only
 (e.g. env.LD_PRELOAD=.../openblas-pthread/libblas.so.3 for MLX on a Linux CPU); other keys go to
 the engine's extra options. Each configuration runs in its
-own process, loaded once; runs are interleaved so machine drift hits all alike.
+own process, loaded once; runs are interleaved so machine drift hits all alike. The last line
+names the fastest configuration of the run (lowest RTF) and the settings that select it.
 """
 
 
