@@ -141,7 +141,10 @@ def build_pipeline(
     )
     utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
     outputs: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances.callers")  # each played at once
-    pacer = Pacer(enabled=config.audio.gapless)
+    # Only a speaker heard as it plays is worth waiting for: a file, the discard sink and callers'
+    # streams take the audio as it comes, and nobody is kept out of the engine's steps for them.
+    realtime = bool(getattr(sink, "realtime", False))
+    pacer = Pacer(enabled=config.audio.gapless and realtime, max_wait_s=config.audio.prebuffer_max_s)
     tts = TtsStage(
         worker,
         info,
@@ -155,6 +158,7 @@ def build_pipeline(
         pacer=pacer,
         max_streams=config.tts.max_streams,
         outputs=outputs,
+        paced_speaker=realtime,
     )
     playback = PlaybackStage(sink, utterances, ledger, pacer, outputs=outputs)
     return Pipeline(requests, ledger, rules, tts, playback, library)

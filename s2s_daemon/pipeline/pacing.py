@@ -24,6 +24,9 @@ SECONDS_PER_CHAR = 0.075
 """Audio per character before anything was learned (English at a natural pace)."""
 LEARNING = 0.3
 """Weight of the newest utterance in the running estimates."""
+MAX_WAIT_S = 1.0
+"""``audio.prebuffer_max_s``'s default: a short sentence is heard within about a second of its
+request (``scripts/bench_shipped.py`` measures it); later clauses and sentences wait instead."""
 
 
 @dataclass(slots=True)
@@ -32,7 +35,10 @@ class Pacer:
     """Audio seconds the engine makes per second of synthesis (prefill included)."""
     seconds_per_char: float = SECONDS_PER_CHAR
     enabled: bool = True
-    """``audio.gapless``: off, nothing is ever waited for (a slow engine stutters)."""
+    """``audio.gapless`` on a real-time speaker: off (or a sink that is not heard as it plays),
+    nothing is ever waited for."""
+    max_wait_s: float = MAX_WAIT_S
+    """``audio.prebuffer_max_s``: the longest a first sample is held, from the utterance's turn on the speaker."""
 
     def learn(self, timeline: Timeline, chars: int) -> None:
         """From an utterance synthesized to its end."""
