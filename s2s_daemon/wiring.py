@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import structlog
+
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import AudioSink
 from s2s_daemon.config import DaemonConfig
@@ -33,9 +35,12 @@ from s2s_daemon.tts.registry import create_engine, engine_options
 from s2s_daemon.tts.stage import TtsStage
 from s2s_daemon.tts.worker import EngineWorker
 
+log = structlog.get_logger(__name__)
+
 
 async def load_engine(config: DaemonConfig) -> tuple[EngineWorker, EngineInfo]:
     """Create and load the configured engine on its worker thread; map failures to exit codes."""
+    log.info("engine_loading", engine=config.tts.engine, model=config.tts.model)
     engine: TtsEngine = create_engine(config.tts.engine, engine_options(config.tts))
     worker = EngineWorker(
         engine, stall_timeout_s=config.tts.stall_timeout_s, max_utterance_s=config.tts.max_utterance_s
