@@ -189,7 +189,7 @@ class AudioConfig(Section):
     gapless: bool = True
     """On an engine slower than real time, hold each sentence until it will play without a gap
     (a later start, longer pauses between sentences); false: play as it comes (it stutters)."""
-    prebuffer_max_s: float = Field(1.0, ge=0, le=600)
+    prebuffer_max_s: float = Field(0.8, ge=0, le=600)
     """The longest the speaker holds an utterance's first sample for audio to buffer ahead of a slow
     engine, counted from its turn on the speaker; past it, it plays what it has, and the pauses
     the engine's speed makes unavoidable fall between clauses and sentences (``gapless``)."""
