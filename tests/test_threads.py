@@ -29,11 +29,17 @@ def test_a_passive_wait_is_asked_for_before_torch_is_imported() -> None:
     assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
-@pytest.mark.parametrize("variable", ["OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"])
+@pytest.mark.parametrize("variable", ["OMP_WAIT_POLICY", "GOMP_SPINCOUNT"])
 def test_the_users_own_wait_setting_is_kept(variable: str) -> None:
     env = {variable: "ACTIVE" if variable == "OMP_WAIT_POLICY" else "1000"}
     assert prepare_openmp(env, imported=False) == "kept"
     assert env == {variable: env[variable]}
+
+
+def test_llvms_blocktime_alone_does_not_keep_libgomp_spinning() -> None:
+    env = {"KMP_BLOCKTIME": "200"}  # read by LLVM's and Intel's OpenMP, not by torch's libgomp
+    assert prepare_openmp(env, imported=False) == "set"
+    assert env == {"KMP_BLOCKTIME": "200", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def test_after_torch_is_imported_it_is_too_late_and_says_so() -> None:

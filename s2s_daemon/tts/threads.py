@@ -33,8 +33,9 @@ log = structlog.get_logger(__name__)
 
 WAIT_POLICY = "PASSIVE"
 """What ``prepare_openmp`` sets: ``scripts/bench_threads.py`` compares it with the default spin."""
-WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-"""Set by the user: their choice is kept."""
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+"""Set by the user: their choice is kept (``KMP_BLOCKTIME``, LLVM's and Intel's, is not libgomp's:
+beside it ``OMP_WAIT_POLICY`` is still set, which those runtimes let ``KMP_BLOCKTIME`` override)."""
 SAMPLE_S = 2.0
 """Seconds between two readings of the machine's CPU time."""
 SMOOTHING = 0.5
@@ -51,6 +52,7 @@ def prepare_openmp(environ: MutableMapping[str, str] | None = None, imported: bo
     """Ask OpenMP for a passive wait before torch (and so libgomp) is loaded; what happened:
     ``set``, ``kept`` (the user set a wait variable) or ``late`` (torch was imported already: the
     runtime read its settings then)."""
+    real = environ is None
     environ = os.environ if environ is None else environ
     imported = "torch" in sys.modules if imported is None else imported
     if any(name in environ for name in WAIT_VARIABLES):
@@ -60,14 +62,15 @@ def prepare_openmp(environ: MutableMapping[str, str] | None = None, imported: bo
     else:
         environ["OMP_WAIT_POLICY"] = WAIT_POLICY
         outcome = "set"
-    _wait_state.setdefault("outcome", outcome)
+    if real:
+        _wait_state.setdefault("outcome", outcome)
     return outcome
 
 
 def wait_policy() -> str:
     """The wait as the OpenMP runtime read it, for the log: ``PASSIVE``, ``GOMP_SPINCOUNT=...``,
     ``default spin (torch was imported before the daemon could set OMP_WAIT_POLICY)``..."""
-    for name in WAIT_VARIABLES:
+    for name in (*WAIT_VARIABLES, "KMP_BLOCKTIME"):
         if name in os.environ:
             return f"{name}={os.environ[name]}"
     if _wait_state.get("outcome") == "late":
@@ -162,7 +165,8 @@ class CpuShare:
 def ceiling_threads(share: CpuShare, default: int) -> int:
     """The most threads: every usable CPU on a machine of two or fewer, else all but one (for the
     event loop, the audio callback and the journal); never more than ``default`` (torch's own,
-    ``OMP_NUM_THREADS`` when set) nor than the cgroup quota allows."""
+    ``OMP_NUM_THREADS`` when set) nor than the cgroup quota allows. On a quiet 2-core box two
+    threads beat one (``scripts/bench_torch.py --threads 2`` against ``--threads 1``)."""
     cpus = share.cpus
     ceiling = cpus if cpus <= 2 else cpus - 1
     if share.quota is not None:

@@ -49,7 +49,7 @@ from s2s_daemon.tts.engine import (
     SynthesisRequest,
     UnknownVoiceError,
 )
-from s2s_daemon.tts.threads import CpuShare, ThreadPolicy, affinity_cpus, ceiling_threads, cgroup_quota
+from s2s_daemon.tts.threads import ThreadPolicy
 from s2s_daemon.tts.torch_qwen3 import memory
 from s2s_daemon.tts.torch_qwen3.checkpoint import load_weights, resolve_checkpoint
 from s2s_daemon.tts.torch_qwen3.clone_cache import ClonePrompt, ClonePromptCache
@@ -89,19 +89,6 @@ def frame_budget(text_tokens: int, max_new_tokens: int, cap: int | None = None) 
     """Codec frames allowed for an utterance of ``text_tokens`` tokens (see the module docstring)."""
     budget = min(max_new_tokens, FRAMES_BASE + FRAMES_PER_TOKEN * max(0, text_tokens))
     return min(budget, cap) if cap is not None else budget
-
-
-def cpu_threads() -> int:
-    """The most intra-op threads on the CPU (``threads.ceiling_threads``): every core on a machine
-    of two or fewer, else every core but one (kept for the event loop, audio and the OS); never
-    more than torch's own default (``OMP_NUM_THREADS`` when set) or a cgroup CPU quota.
-
-    ``scripts/bench_torch.py --threads 2`` against ``--threads 1`` on a quiet 2-core box (0.6B
-    int8, ten-word sentence): a frame with audio in 178-193 ms against 296-346, the first one-frame
-    chunk after 506-551 ms against 884-1,014. Where other processes take CPUs the engine runs fewer
-    (``ThreadPolicy``); ``scripts/bench_threads.py`` measures both.
-    """
-    return ceiling_threads(CpuShare(affinity_cpus(), cgroup_quota()), torch.get_num_threads())
 
 
 def pick_device(requested: str) -> torch.device:
@@ -190,7 +177,6 @@ class TorchQwen3Engine:
         self.info: EngineInfo | None = None
         self.threads: ThreadPolicy | None = None
         """The CPU's intra-op threads (None on an accelerator); adjusted between frames."""
-        self.format_reason = ""
 
     # -- options --------------------------------------------------------------------------
     def _extra_int(self, key: str) -> int | None:
@@ -233,7 +219,6 @@ class TorchQwen3Engine:
             chosen="auto" if choice.auto else "configured",
             reason=choice.reason,
         )
-        self.format_reason = choice.reason
         weights, self.codec = self._load_weights(cfg, folder, device, dtype, weight_format, ext)
         if cfg.mode == "base":
             self._load_clone_encoders(folder, device, dtype)
@@ -344,9 +329,7 @@ class TorchQwen3Engine:
     def _kernel_options(self, device: torch.device) -> tuple[str, str]:
         """(quantization, kernels) from the options, checked before anything is read or built."""
         quantization = (self.options.quantization or "none").lower()
-        if quantization == "auto":
-            pass
-        elif quantization not in ("int8", "int4", "none", ""):
+        if quantization not in ("auto", "int8", "int4", "none", ""):
             # The shared default (``6bit``) belongs to the MLX engine; torch knows none, int8 and int4.
             log.info("quantization_not_for_torch", quantization=quantization, used="none")
             quantization = "none"
