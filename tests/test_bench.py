@@ -366,3 +366,14 @@ def test_torch_and_mlx_engines_through_the_protocol(tmp_path: Path) -> None:
         assert record["chunks"] == (3 if record["config"].startswith("torch") else 2)
         assert 0 < record["ttfa_s"] < record["synth_s"]
     assert mlx_config["ratios"]["peak_rss_mib"] is not None
+
+
+def test_without_engines_the_formats_of_this_machine_are_compared_auto_first() -> None:
+    from s2s_daemon.bench.cli import default_engines
+    from s2s_daemon.tts.torch_qwen3 import native
+
+    engines = default_engines("cpu")
+    assert engines[0] == "torch"
+    if native.why_not_here() is None:
+        assert engines == ["torch", "torch:quantization=int4", "torch:quantization=none"]
+    assert default_engines("cuda")[0] == "torch" and "torch:dtype=fp32" in default_engines("cuda")

@@ -105,7 +105,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         action="append",
         dest="engines",
         metavar="NAME[:k=v,...]",
-        help="a configuration to measure; repeat for several (default: torch)",
+        help="a configuration to measure; repeat for several (default: the torch engine's formats for this"
+        " machine's device, auto first, and the fastest is recommended)",
     )
     parser.add_argument(
         "--model", default=DEFAULT_MODEL, help="hub id or local checkpoint folder (default: %(default)s)"
@@ -229,6 +230,25 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def default_engines(device: str | None) -> list[str]:
+    """Without ``--engine``: the torch engine's formats for this machine's device, ``auto`` (the
+    daemon's default) first, so that the run recommends one (``report.recommend``)."""
+    try:
+        import torch
+    except ImportError:
+        return ["torch"]
+    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind.startswith("cuda"):
+        return ["torch", "torch:dtype=fp16", "torch:dtype=fp32"]
+    if kind == "mps":
+        return ["torch", "torch:dtype=fp16"]
+    from s2s_daemon.tts.torch_qwen3 import native
+
+    if native.why_not_here() is not None:  # no native kernels: float32 is what there is
+        return ["torch"]
+    return ["torch", "torch:quantization=int4", "torch:quantization=none"]
+
+
 def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     for name in ("runs", "chunk_frames"):
         if getattr(args, name) < 1:
@@ -240,7 +260,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     if args.max_frames is not None and args.max_frames < 1:
         msg = "--max-frames must be at least 1"
         raise ValueError(msg)
-    specs = [parse_engine_spec(s, args.model, args.device, args.max_frames) for s in (args.engines or ["torch"])]
+    engines = args.engines or default_engines(args.device)
+    specs = [parse_engine_spec(s, args.model, args.device, args.max_frames) for s in engines]
     if args.reference and not any(s.is_reference for s in specs):
         if args.reference_python and os.access(args.reference_python, os.X_OK):
             specs.append(parse_engine_spec("qwen-tts", args.model, args.device, args.max_frames))
