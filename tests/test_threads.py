@@ -149,8 +149,9 @@ def test_the_real_proc_stat_reads() -> None:
         (CpuShare(2, steal=0.9), 1, "steal"),  # the hypervisor takes most of a CPU
         (CpuShare(2, quota=1.0), 1, "ceiling"),  # CPUQuota=100%
         (CpuShare(8), 7, "ceiling"),  # one left for the event loop and audio
-        (CpuShare(8, others=3.0), 5, "load"),  # 8 cores, 3 busy neighbours: the 5 left
-        (CpuShare(16, quota=4.0), 4, "ceiling"),  # a container's --cpus 4 on a big host
+        (CpuShare(8, others=3.0), 4, "load"),  # 8 cores, 3 busy neighbours: the 5 left, less one
+        (CpuShare(16, quota=4.0), 3, "ceiling"),  # a container's --cpus 4 on a big host, less one
+        (CpuShare(16, quota=2.0), 2, "ceiling"),  # --cpus 2: both, as on a 2-core machine
     ],
 )
 def test_the_count_follows_what_is_free(share: CpuShare, threads: int, reason: str) -> None:
@@ -161,6 +162,7 @@ def test_the_ceiling_honours_the_quota_and_torchs_own_count() -> None:
     assert ceiling_threads(CpuShare(2), default=2) == 2
     assert ceiling_threads(CpuShare(2, quota=1.5), default=2) == 1
     assert ceiling_threads(CpuShare(2, quota=0.5), default=2) == 1
+    assert ceiling_threads(CpuShare(4, quota=2.5), default=4) == 2
     assert ceiling_threads(CpuShare(32), default=4) == 4  # OMP_NUM_THREADS=4
 
 

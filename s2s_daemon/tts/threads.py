@@ -162,24 +162,26 @@ class CpuShare:
         return max(0.0, min(self.usable, self.cpus - self.others - self.steal))
 
 
+def reserved_cpus(share: CpuShare) -> int:
+    """CPUs left to the rest of the process (the event loop, the audio callback, the journal): one
+    where more than two may be used, none on a machine of two (two threads beat one there on a
+    quiet box: ``scripts/bench_torch.py --threads 2`` against ``--threads 1``)."""
+    return 1 if math.floor(share.usable + 1e-9) > 2 else 0
+
+
 def ceiling_threads(share: CpuShare, default: int) -> int:
-    """The most threads: every usable CPU on a machine of two or fewer, else all but one (for the
-    event loop, the audio callback and the journal); never more than ``default`` (torch's own,
-    ``OMP_NUM_THREADS`` when set) nor than the cgroup quota allows. On a quiet 2-core box two
-    threads beat one (``scripts/bench_torch.py --threads 2`` against ``--threads 1``)."""
-    cpus = share.cpus
-    ceiling = cpus if cpus <= 2 else cpus - 1
-    if share.quota is not None:
-        ceiling = min(ceiling, max(1, math.floor(share.quota + 1e-9)))
-    return max(1, min(ceiling, default))
+    """The most threads: every usable CPU (affinity, then the cgroup quota's whole CPUs) but the
+    reserved one; at least one, never more than ``default`` (torch's own, ``OMP_NUM_THREADS`` when set)."""
+    usable = math.floor(share.usable + 1e-9)
+    return max(1, min(usable - reserved_cpus(share), default))
 
 
 def choose_threads(share: CpuShare, ceiling: int, current: int | None = None) -> tuple[int, str]:
     """Threads for what is free now, and why (``ceiling``: as many as may run; ``load``: other
-    processes take CPUs; ``steal``: the hypervisor does). Whole free CPUs, one thread each, at least one: a
-    thread whose partner waits for a CPU holds every parallel region up. Between the raise and the
-    lower margins the current count stays (no flapping)."""
-    free = share.free
+    processes take CPUs; ``steal``: the hypervisor does). Whole free CPUs (less the reserved one),
+    one thread each, at least one: a thread whose partner waits for a CPU holds every parallel
+    region up. Between the raise and the lower margins the current count stays (no flapping)."""
+    free = share.free - reserved_cpus(share)
     if current is None:
         wanted = math.floor(free + 0.5)
     elif free >= current + 1 - RAISE_MARGIN:
