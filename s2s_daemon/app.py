@@ -33,6 +33,7 @@ from s2s_daemon.pipeline.jobs import Dispatcher, JobEvents
 from s2s_daemon.pipeline.journal import Recovered, RequestJournal, default_journal_path
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError
 from s2s_daemon.pipeline.vocabulary import EngineInfo
+from s2s_daemon.progress import Progress
 from s2s_daemon.tts.worker import EngineWorker
 from s2s_daemon.vad.policy import BargeIn, VadGate
 from s2s_daemon.wiring import Pipeline, build_pipeline, load_engine
@@ -119,7 +120,8 @@ class Daemon:
         sink: AudioSink | None = None
         try:
             if cfg.tts.warmup:
-                await worker.warmup()
+                with Progress("warming_up", started="warming_up", done="warmed_up", engine=info.engine):
+                    await worker.warmup()
             from s2s_daemon.audio.select import make_sink
 
             sink = make_sink(cfg.audio)

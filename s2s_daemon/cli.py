@@ -16,6 +16,7 @@ from s2s_daemon import __version__
 from s2s_daemon.config import DaemonConfig, load_config
 from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, DaemonError
 from s2s_daemon.logs import configure_logging
+from s2s_daemon.tts.threads import prepare_openmp
 
 log = structlog.get_logger(__name__)
 
@@ -63,12 +64,36 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+RESOLVED_MARKER = "# Resolved on this machine"
+
+
 def dump_config(config: DaemonConfig) -> str:
-    """``config`` as YAML that ``load_config`` reads back to the same configuration."""
+    """``config`` as YAML that ``load_config`` reads back to the same configuration; what the torch
+    engine's ``auto`` settings resolve to on this machine follows as a commented YAML block."""
     import yaml
 
     header = f"# s2s-daemon {__version__}: the effective configuration (s2s-daemon check-config --print)\n"
-    return header + yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+    body = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+    if config.tts.engine != "torch":
+        return header + body
+    resolved = yaml.safe_dump({"tts.torch": _resolved_torch(config)}, sort_keys=False, allow_unicode=True)
+    comment = "".join(f"#   {line}\n" for line in resolved.splitlines())
+    return f"{header}{body}{RESOLVED_MARKER} (what auto means here; a comment, not read back):\n{comment}"
+
+
+def _resolved_torch(config: DaemonConfig) -> dict[str, object]:
+    """The torch engine's ``auto`` settings as this machine resolves them (nothing is loaded or built)."""
+    section = config.tts.torch
+    try:
+        from s2s_daemon.tts.torch_qwen3.formats import resolved
+    except ImportError as exc:  # a trimmed install without the torch extra
+        return {"error": f"the torch extra is not installed: {exc}"}
+    from s2s_daemon.pipeline.vocabulary import EngineError
+
+    try:
+        return resolved(section.device, section.dtype, section.quantization, section.kernels, section.threads)
+    except EngineError as exc:  # a device that is not there (cuda on a CPU box)
+        return {"error": str(exc)}
 
 
 def cmd_say(args: argparse.Namespace) -> int:
@@ -177,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    prepare_openmp()  # before anything imports torch (tts/threads.py)
     configure_logging("auto", "warning")  # stderr; commands that need more reconfigure
     parser = build_parser()
     args = parser.parse_args(argv)

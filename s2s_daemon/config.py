@@ -87,12 +87,25 @@ class TorchEngineConfig(Section):
     device: str = "auto"
     """``auto`` (cuda, then mps, then cpu), ``cpu``, ``cuda``, ``cuda:1``, ``mps``."""
     dtype: Literal["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"] = "auto"
-    quantization: Literal["none", "int8", "int4"] = "none"
-    """CPU weight-only quantization of the talker: ``int8`` (per output channel) or ``int4``
-    (per group of 64 inputs, needs the native kernels)."""
+    """``auto``: bfloat16 on CUDA, float32 elsewhere (activations; the weights follow ``quantization``)."""
+    quantization: Literal["auto", "none", "int8", "int4"] = "auto"
+    """The talker's weights on the CPU: ``int8`` (per output channel), ``int4`` (per group of 64
+    inputs, needs the native kernels), ``none`` (as ``dtype``), or ``auto``: int8 where the native
+    kernels run, else none (``torch_qwen3/formats.py``; the choice and its reason are logged)."""
     kernels: Literal["auto", "native", "torch"] = "auto"
     """CPU linear kernels: ``native`` (AVX2 C++ built on first use), ``torch``'s own, or ``auto``
     (native when this machine can build and run them)."""
+    threads: int | Literal["auto"] = "auto"
+    """Intra-op threads on the CPU: ``auto`` follows what the machine leaves free (affinity, a cgroup
+    CPU quota, other processes, steal time; re-checked while running, ``tts/threads.py``); a number
+    fixes it."""
+
+    @field_validator("threads")
+    @classmethod
+    def _threads_positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 1024:
+            raise ValueError("must be auto or a number from 1 to 1024")
+        return value
 
 
 class MlxEngineConfig(Section):
@@ -179,6 +192,10 @@ class AudioConfig(Section):
     gapless: bool = True
     """On an engine slower than real time, hold each sentence until it will play without a gap
     (a later start, longer pauses between sentences); false: play as it comes (it stutters)."""
+    prebuffer_max_s: float = Field(0.8, ge=0, le=600)
+    """The longest the speaker holds an utterance's first sample for audio to buffer ahead of a slow
+    engine, counted from its turn on the speaker; past it, it plays what it has, and the pauses
+    the engine's speed makes unavoidable fall between clauses and sentences (``gapless``)."""
 
     @model_validator(mode="after")
     def _wav_needs_dir(self) -> AudioConfig:

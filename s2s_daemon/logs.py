@@ -8,6 +8,8 @@ from typing import TextIO
 
 import structlog
 
+from s2s_daemon.progress import set_terminal
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -20,6 +22,7 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
         renderer = structlog.dev.ConsoleRenderer(colors=out.isatty())
     else:
         renderer = structlog.processors.JSONRenderer()
+    set_terminal(use_console and out.isatty())
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,

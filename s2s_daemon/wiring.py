@@ -46,6 +46,7 @@ log = structlog.get_logger(__name__)
 
 async def load_engine(config: DaemonConfig) -> tuple[EngineWorker, EngineInfo]:
     """Create and load the configured engine on its worker thread; map failures to exit codes."""
+    log.info("engine_loading", engine=config.tts.engine, model=config.tts.model)
     engine: TtsEngine = create_engine(config.tts.engine, engine_options(config.tts))
     worker = EngineWorker(
         engine, stall_timeout_s=config.tts.stall_timeout_s, max_utterance_s=config.tts.max_utterance_s
@@ -193,7 +194,10 @@ def build_pipeline(
     )
     utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
     outputs: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances.callers")  # each played at once
-    pacer = Pacer(enabled=config.audio.gapless)
+    # Only a speaker heard as it plays is worth waiting for: a file, the discard sink and callers'
+    # streams take the audio as it comes, and nobody is kept out of the engine's steps for them.
+    realtime = bool(getattr(sink, "realtime", False))
+    pacer = Pacer(enabled=config.audio.gapless and realtime, max_wait_s=config.audio.prebuffer_max_s)
     tts = TtsStage(
         worker,
         info,
@@ -207,6 +211,7 @@ def build_pipeline(
         pacer=pacer,
         max_streams=config.tts.max_streams,
         outputs=outputs,
+        paced_speaker=realtime,
     )
     playback = PlaybackStage(sink, utterances, ledger, pacer, outputs=outputs)
     return Pipeline(requests, ledger, rules, tts, playback, library)

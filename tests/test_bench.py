@@ -61,7 +61,8 @@ def test_two_configurations_interleaved_with_ratios_json_png_and_table(tmp_path:
 
     # JSON schema.
     assert document["schema"] == SCHEMA
-    assert set(document) == {"schema", "machine", "settings", "baseline", "texts", "configs", "runs"}
+    keys = {"schema", "machine", "settings", "baseline", "texts", "configs", "runs", "recommendation"}
+    assert set(document) == keys
     assert document["machine"]["logical_cores"] >= 1
     assert document["settings"]["runs"] == 3 and document["settings"]["greedy"] is True
     assert [t["size"] for t in document["texts"]] == ["short", "short"]
@@ -105,6 +106,12 @@ def test_two_configurations_interleaved_with_ratios_json_png_and_table(tmp_path:
     rows = {line.split()[0]: line for line in lines[3:5]}
     assert set(rows) == {"tone", "tone:speed=40"}
     assert rows["tone"].split()[-3:] == ["1.00", "1.00", "1.00"]
+
+    # The fastest configuration of the run, and the settings that choose it.
+    best = document["recommendation"]
+    assert best["label"] == "tone" and best["rtf"] == first["summary"]["rtf"] and best["of"] == 2
+    assert best["settings"] == {"tts.engine": "tone"}
+    assert lines[-1].startswith("recommended for this machine: tone (RTF ") and "tts.engine: tone" in lines[-1]
 
     # PNG chart.
     data = png_path.read_bytes()
@@ -279,7 +286,7 @@ def test_engine_spec_parsing() -> None:
         "quantization": "int8",
         "extra": {"max_frames": "32", "cuda_graphs": "false"},
     }
-    assert parse_engine_spec("torch", "m", None, None).options == {"model": "m", "quantization": "none", "extra": {}}
+    assert parse_engine_spec("torch", "m", None, None).options == {"model": "m", "quantization": "auto", "extra": {}}
     mlx = parse_engine_spec("mlx:quantization=4bit,model=other", "m", None, None)
     assert mlx.options == {"model": "other", "quantization": "4bit", "extra": {}}
     assert parse_engine_spec("reference:dtype=bf16", "m", None, None).is_reference
@@ -386,3 +393,14 @@ def test_torch_and_mlx_engines_through_the_protocol(tmp_path: Path) -> None:
         assert record["chunks"] == (3 if record["config"].startswith("torch") else 2)
         assert 0 < record["ttfa_s"] < record["synth_s"]
     assert mlx_config["ratios"]["peak_rss_mib"] is not None
+
+
+def test_without_engines_the_formats_of_this_machine_are_compared_auto_first() -> None:
+    from s2s_daemon.bench.cli import default_engines
+    from s2s_daemon.tts.torch_qwen3 import native
+
+    engines = default_engines("cpu")
+    assert engines[0] == "torch"
+    if native.why_not_here() is None:
+        assert engines == ["torch", "torch:quantization=int4", "torch:quantization=none"]
+    assert default_engines("cuda")[0] == "torch" and "torch:dtype=fp32" in default_engines("cuda")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from structlog.testing import capture_logs
+
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.events.publisher import latency_payload
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
@@ -29,17 +31,21 @@ class RealTimeSpeaker:
     """Plays each chunk for as long as it lasts and notes every wait for the next one."""
 
     name = "speaker"
+    realtime = True
 
     def __init__(self) -> None:
         self.gaps: dict[str, list[float]] = {}
         self.after_pause: dict[str, list[float]] = {}
         """Waits that came right after the silence between two sentences."""
+        self.gaps_at: dict[str, list[float]] = {}
+        """Seconds of the utterance played before each wait that was not after a silence."""
 
     async def open(self) -> None:
         return None
 
     async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport:
         gaps = self.gaps.setdefault(utterance.request.id, [])
+        gaps_at = self.gaps_at.setdefault(utterance.request.id, [])
         after_pause = self.after_pause.setdefault(utterance.request.id, [])
         first = None
         samples = 0
@@ -56,6 +62,8 @@ class RealTimeSpeaker:
             elif (waited := time.monotonic() - asked) > GAP_S:
                 silent = previous is not None and not previous.any()
                 (after_pause if silent else gaps).append(waited)
+                if not silent:
+                    gaps_at.append(samples / utterance.sample_rate)
             previous = chunk
             samples += len(chunk)
             await asyncio.sleep(len(chunk) / utterance.sample_rate)
@@ -65,7 +73,18 @@ class RealTimeSpeaker:
         return None
 
 
-async def speak(speed: str, texts: list[str], shared: bool = False) -> tuple[RealTimeSpeaker, Events]:
+async def speak(
+    speed: str,
+    texts: list[str],
+    shared: bool = False,
+    max_wait_s: float = 60.0,
+    learned: tuple[float, float] | None = None,
+    speaker: RealTimeSpeaker | None = None,
+) -> tuple[RealTimeSpeaker, Events]:
+    """``texts`` one after another on the tone engine at ``speed`` x real time and a real-time
+    speaker; ``shared``: the TTS stage shares the pacer (later sentences and clauses wait);
+    ``max_wait_s``: ``audio.prebuffer_max_s`` (long by default: the formula alone); ``learned``:
+    the engine's rate and seconds of audio per character, as if measured before."""
     engine = create_engine("tone", EngineOptions(model="tone", extra={"speed": speed, "ms_per_char": "40"}))
     worker = EngineWorker(engine)
     info = await worker.load()
@@ -73,8 +92,10 @@ async def speak(speed: str, texts: list[str], shared: bool = False) -> tuple[Rea
     requests = RequestQueue(8)
     ledger = Dispatcher(requests, events, 64)
     utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
-    speaker = RealTimeSpeaker()
-    pacer = Pacer()
+    speaker = speaker or RealTimeSpeaker()
+    pacer = Pacer(max_wait_s=max_wait_s)
+    if learned is not None:
+        pacer.rate, pacer.seconds_per_char = learned
     tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=2, pacer=pacer if shared else None)
     playback = PlaybackStage(speaker, utterances, ledger, pacer)
     tasks = [asyncio.create_task(tts.run()), asyncio.create_task(playback.run())]
@@ -140,3 +161,53 @@ def test_the_buffer_asked_for_follows_the_formula() -> None:
     assert abs(pacer.needed_s(0.5, 50) - expected * 0.5 * 1.15) < 1e-9
     assert pacer.needed_s(2.0, 50) == 0.0
     assert Pacer(enabled=False).needed_s(0.5, 50) == 0.0  # audio.gapless: false
+
+
+async def test_the_first_sample_waits_no_longer_than_the_bound_and_says_what_it_expects() -> None:
+    text = "a sentence of about two seconds of audio, more or less"  # needs ~1.7 s of waiting at 0.6
+    with capture_logs() as logs:
+        speaker, events = await speak("0.6", [text, text], max_wait_s=0.4)
+    for rid in ("u0", "u1"):
+        tl = events.done[rid].timeline
+        assert tl.dequeued is not None and tl.first_sample_out is not None and tl.first_chunk is not None
+        # From its turn (taken from an idle queue; or its first chunk, when that came later): at most
+        # the bound, and a poll.
+        assert tl.first_sample_out - max(tl.dequeued, tl.first_chunk) < 0.4 + 0.15, rid
+    expected = [e for e in logs if e["event"] == "prebuffering"]
+    assert expected and all(0 < e["expected_wait_s"] <= 0.4 for e in expected)
+    assert [e for e in logs if e["event"] == "prebuffer_cut"]  # what it did not wait for, said
+    assert speaker.gaps["u1"], "cut short, the sentence stutters: the control for the clause test below"
+
+
+async def test_a_sentence_goes_clause_by_clause_so_its_first_clause_starts_within_the_bound() -> None:
+    # The engine's speed is known (0.6 x real time, 40 ms a character). The whole sentence would
+    # need about 1.7 s of waiting, more than the bound: cut short, it would stutter inside. Its
+    # first clause needs about 0.7 s: it plays through, and the second waits for the first.
+    text = "one clause of this size, and then a longer second clause."
+    with capture_logs() as logs:
+        speaker, events = await speak("0.6", [text], shared=True, max_wait_s=1.2, learned=(0.6, 0.04))
+    assert speaker.gaps["u0"] == [], speaker.gaps_at["u0"]
+    assert not [e for e in logs if e["event"] == "prebuffer_cut"]
+    segments = [e["chars"] for e in logs if e["event"] == "segment_synthesized"]
+    assert segments == [len(p) for p in clauses_of(text)] and len(segments) == 2
+    tl = events.done["u0"].timeline
+    assert tl.first_sample_out is not None and tl.dequeued is not None
+    assert tl.first_sample_out - tl.dequeued < 1.2 + 0.15
+
+
+def clauses_of(text: str) -> list[str]:
+    from s2s_daemon.pipeline.segment import split_clauses
+
+    return split_clauses(text)
+
+
+async def test_a_sink_not_heard_as_it_plays_never_waits() -> None:
+    # The discard and WAV sinks: nobody hears them, so the first sample is never held.
+    class Silent(RealTimeSpeaker):
+        realtime = False
+
+    text = "a sentence of about two seconds of audio, more or less"
+    _, events = await speak("0.6", [text], speaker=Silent())
+    tl = events.done["u0"].timeline
+    assert tl.prebuffer_s == 0.0 and tl.first_sample_out is not None and tl.first_chunk is not None
+    assert tl.first_sample_out - tl.first_chunk < 0.05

@@ -8,7 +8,7 @@ from pathlib import Path
 import s2s_daemon
 
 ROWS = [
-    {"config", "errors", "logs", "notify", "holders", "__init__"},
+    {"config", "errors", "logs", "progress", "notify", "holders", "__init__"},
     {"pipeline"},
     {"mqtt"},
     {"tts"},

@@ -7,12 +7,10 @@ real extension in a second process runs only when this environment's build alrea
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -140,26 +138,6 @@ def test_a_build_is_announced_and_timed_and_a_built_folder_is_not(
     with structlog.testing.capture_logs() as logs:
         assert native.load() is not None
     assert [entry["event"] for entry in logs] == ["native_kernels_cached"]
-
-
-def test_progress_dots_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    monkeypatch.setattr(native, "PROGRESS_EVERY_S", 0.02)
-    terminal = Terminal()
-    monkeypatch.setattr(sys, "stderr", terminal)
-    with native._progress_dots(enabled=True):
-        time.sleep(0.2)
-    assert terminal.getvalue().startswith("..") and terminal.getvalue().endswith("\n")
-    assert not any(t.name == "s2s.native_build_progress" for t in __import__("threading").enumerate())
-
-    pipe = io.StringIO()
-    monkeypatch.setattr(sys, "stderr", pipe)
-    with native._progress_dots(enabled=True):
-        time.sleep(0.1)
-    assert pipe.getvalue() == ""
 
 
 def test_a_second_process_loads_the_build_without_compiling() -> None:

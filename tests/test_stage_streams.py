@@ -20,6 +20,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+from s2s_daemon.audio.sink import DiscardSink
 from s2s_daemon.audio.stream import CallerStream
 from s2s_daemon.config import load_config
 from s2s_daemon.pipeline.channel import ChannelClosed
@@ -114,7 +115,7 @@ class Stage:
 
 
 @contextlib.asynccontextmanager
-async def stage(max_streams: int = 4, speaker: Speaker | None = None, gate: Any = None) -> AsyncIterator[Stage]:
+async def stage(max_streams: int = 4, speaker: Any = None, gate: Any = None) -> AsyncIterator[Stage]:
     environ = {"S2S_TTS__ENGINE": "tone", "S2S_TTS__CHUNK_FRAMES": "1", "S2S_TTS__MAX_STREAMS": str(max_streams)}
     config = load_config(None, environ=environ)
     worker = EngineWorker(create_engine("tone", EngineOptions(model="tone", extra={"speed": "0"})))
@@ -341,3 +342,28 @@ async def test_each_synthesis_logs_and_counts_its_own_request() -> None:
         text = texts[job.request.id]
         assert job.timeline.audio_s == pytest.approx(frames(text) * FRAME_S)
         assert job.timeline.chunks == frames(text)
+
+
+class HeardSpeaker(Speaker):
+    """A speaker heard as it plays (``AudioSink.realtime``), as the real one."""
+
+    realtime = True
+
+
+@pytest.mark.parametrize(("sink", "paced"), [(HeardSpeaker, True), (Speaker, False), (DiscardSink, False)])
+async def test_only_a_speaker_heard_as_it_plays_is_paced_and_never_a_caller(sink: type, paced: bool) -> None:
+    # Paced: others keep out of the engine's steps while its audio is not far enough ahead. For the
+    # discard sink (or a file) nobody listens: a caller is never held behind its request.
+    seen: dict[str, bool] = {}
+    async with stage(speaker=sink()) as s:
+        plain = s.pipeline.tts.worker.stream
+
+        def stream(synth, should_stop):  # type: ignore[no-untyped-def]
+            seen[synth.text] = synth.paced
+            return plain(synth, should_stop)
+
+        s.pipeline.tts.worker.stream = stream  # type: ignore[method-assign]
+        room = s.say("room", "room words")
+        caller, _ = s.call("caller", "caller words")
+        await s.done(room, caller)
+    assert seen == {"room words": paced, "caller words": False}

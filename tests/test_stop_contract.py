@@ -32,6 +32,7 @@ from s2s_daemon.tts.worker import EngineWorker
 from tests.support.broker import Mosquitto
 from tests.support.daemon import daemon_in_process, write_config
 from tests.support.mqtt import Recorder, recorder
+from tests.support.pulse import PulseServer, pulse_server  # noqa: F401  (fixture)
 
 
 class Seen:
@@ -50,6 +51,12 @@ class Seen:
 
     def state_changed(self) -> None:
         return None
+
+
+class HeardSink(DiscardSink):
+    """A speaker for the pacing (``realtime``): only a sink heard as it plays holds its first sample."""
+
+    realtime = True
 
 
 def req(rid: str, text: str = "hi") -> SayRequest:
@@ -119,9 +126,9 @@ async def test_a_stop_while_the_speaker_prebuffers_is_cancelled_without_a_start(
     requests = RequestQueue(8)
     ledger = Dispatcher(requests, seen, 64)
     utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
-    pacer = Pacer(rate=0.5)  # learned: this engine is slower than real time
+    pacer = Pacer(rate=0.5, max_wait_s=30)  # learned: this engine is slower than real time
     tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=1, pacer=pacer)
-    playback = PlaybackStage(DiscardSink(), utterances, ledger, pacer)
+    playback = PlaybackStage(HeardSink(), utterances, ledger, pacer)
     tasks = [asyncio.create_task(tts.run()), asyncio.create_task(playback.run())]
     try:
         job = ledger.submit(req("held", "a sentence long enough to need a few seconds of buffer first"))
@@ -144,6 +151,11 @@ SAY = "s2s/kitchen/tts/say"
 STOP = "s2s/kitchen/tts/stop"
 HELD_TEXT = "x" * 100
 """4 s of audio from an engine at half real time: the speaker holds it for about 4.6 s first."""
+SLOW_ON_A_SPEAKER = {
+    "tts": {"options": {"speed": "0.5"}, "chunk_frames": 1},
+    "audio": {"sink": "speaker", "device": "pulse", "latency_ms": 80, "prebuffer_max_s": 30},
+}
+"""Only a speaker prebuffers (a discard sink never waits); the wait unbounded enough to stop within."""
 
 
 def assert_cancelled_unheard(rec: Recorder, rid: str, fin: dict[str, dict[str, Any]]) -> None:
@@ -162,10 +174,11 @@ async def held(rec: Recorder, rid: str) -> None:
 
 
 async def test_a_stop_or_an_interrupt_while_prebuffering_is_cancelled_unheard(
-    tmp_path: Path, mosquitto: Mosquitto
+    tmp_path: Path,
+    mosquitto: Mosquitto,
+    pulse_server: PulseServer,  # noqa: F811  (fixture)
 ) -> None:
-    slow = {"tts": {"options": {"speed": "0.5"}, "chunk_frames": 1}}
-    config = write_config(tmp_path / "daemon.yaml", mosquitto.port, **slow)
+    config = write_config(tmp_path / "daemon.yaml", mosquitto.port, **SLOW_ON_A_SPEAKER)
     async with recorder(mosquitto.port) as rec, daemon_in_process(config):
         await held(rec, "stopped")
         await rec.say(STOP, {})
@@ -179,10 +192,13 @@ async def test_a_stop_or_an_interrupt_while_prebuffering_is_cancelled_unheard(
 
 
 async def test_a_drain_that_times_out_while_prebuffering_is_cancelled_unheard(
-    tmp_path: Path, mosquitto: Mosquitto
+    tmp_path: Path,
+    mosquitto: Mosquitto,
+    pulse_server: PulseServer,  # noqa: F811  (fixture)
 ) -> None:
-    slow = {"tts": {"options": {"speed": "0.5"}, "chunk_frames": 1}, "shutdown": {"drain_timeout_s": 0.5}}
-    config = write_config(tmp_path / "daemon.yaml", mosquitto.port, **slow)
+    config = write_config(
+        tmp_path / "daemon.yaml", mosquitto.port, **SLOW_ON_A_SPEAKER, shutdown={"drain_timeout_s": 0.5}
+    )
     async with recorder(mosquitto.port) as rec:
         async with daemon_in_process(config) as daemon:
             await held(rec, "draining")

@@ -136,17 +136,32 @@ class PlaybackStage:
 
     async def _prebuffer(self, job: Job, utterance: Utterance) -> float:
         """Hold the first sample until enough audio is buffered for the rest to arrive in time
-        (``pipeline/pacing.py``); seconds of audio buffered when it waited, else 0."""
+        (``pipeline/pacing.py``), at most ``Pacer.max_wait_s`` from now (its turn) or until its
+        first chunk; seconds of audio buffered when it waited, else 0. Only a sink heard as it plays
+        (``AudioSink.realtime``) waits: a file or the discard sink gains nothing from it."""
         tl, chunks = job.timeline, utterance.chunks
         rate = self.pacer.rate
-        if not self.pacer.enabled or (rate is not None and rate >= REAL_TIME):
+        if not self.pacer.enabled or not getattr(self.sink, "realtime", False):
             return 0.0
+        if rate is not None and rate >= REAL_TIME:
+            return 0.0
+        deadline = time.monotonic() + self.pacer.max_wait_s
         need: float | None = None
-        waited = False
+        waited = cut = False
         feed = job.request.feed
         while not chunks.closed and not job.should_stop() and len(chunks) < chunks.maxsize - 1:
             if feed is not None and feed.waiting and tl.chunks:
                 break  # the engine waits for the writer: nothing more comes until it writes
+            if tl.chunks and time.monotonic() >= deadline:
+                if need is not None and tl.audio_s < need:
+                    log.info(
+                        "prebuffer_cut",
+                        buffered_s=round(tl.audio_s, 2),
+                        need_s=round(need, 2),
+                        max_wait_s=self.pacer.max_wait_s,
+                    )
+                cut = True
+                break
             if rate is None and need is None and tl.chunks and tl.first_chunk is not None:
                 # Nothing learned yet: a first chunk made faster than it plays, prefill included
                 # (from when its text was complete: a streamed text waits for its writer first),
@@ -166,10 +181,17 @@ class PlaybackStage:
                 if self.pacer.rate is None:
                     self.pacer.rate = rate  # measured on this utterance: until one is learned
                 need = self.pacer.needed_s(rate, tl.first_segment_chars or job.request.chars)
-                if need > 0:
-                    log.info("prebuffering", rate=round(rate, 2), need_s=round(need, 2))
+                if need > tl.audio_s:
+                    left_s = max(0.0, deadline - time.monotonic())
+                    log.info(
+                        "prebuffering",
+                        rate=round(rate, 2),
+                        need_s=round(need, 2),
+                        expected_wait_s=round(min(left_s, (need - tl.audio_s) / max(rate, 1e-3)), 2),
+                        max_wait_s=self.pacer.max_wait_s,
+                    )
             if need is not None and tl.audio_s >= need:
                 break
             waited = waited or need is None or need > 0
             await asyncio.sleep(POLL_S)
-        return tl.audio_s if waited and need else 0.0
+        return tl.audio_s if waited and (need or cut) else 0.0

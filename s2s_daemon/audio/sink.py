@@ -30,6 +30,10 @@ class AudioSink(Protocol):
     """
 
     name: str
+    realtime: bool
+    """Plays at the pace of the audio, heard as it plays (the speaker): the only sink worth holding
+    a first sample for, or keeping other requests out of the engine's steps for. A sink without
+    this attribute counts as not real time."""
 
     async def open(self) -> None: ...
 
@@ -49,6 +53,7 @@ class DiscardSink:
     """Consumes audio as fast as it comes and drops it (``audio.sink: discard``)."""
 
     name = "discard"
+    realtime = False
 
     async def open(self) -> None:
         return None
@@ -83,6 +88,7 @@ class WavSink:
     utterance to one fixed file (``s2s-daemon say --out``)."""
 
     name = "wav"
+    realtime = False
 
     def __init__(self, folder: Path, filename: str | None = None) -> None:
         self.folder = folder

@@ -77,6 +77,7 @@ class SpeakerSink:
     """Plays utterances on a PortAudio output device (``audio.sink: speaker``)."""
 
     name = "speaker"
+    realtime = True
 
     def __init__(self, config: AudioConfig, period_ms: float = DEFAULT_PERIOD_MS) -> None:
         self.config = config

@@ -29,8 +29,8 @@ REFERENCE_ENV = "S2S_BENCH_REFERENCE_PYTHON"
 """Environment variable naming the interpreter of the official ``qwen-tts`` environment."""
 REFERENCE_NAMES = ("qwen-tts", "reference")
 _OPTION_KEYS = ("model", "device", "dtype", "quantization", "kernels", "revision")
-_DEFAULT_QUANTIZATION = {"torch": "none"}
-"""EngineOptions' own default (``6bit``) is an MLX value; torch's default is no quantization."""
+_DEFAULT_QUANTIZATION = {"torch": "auto"}
+"""EngineOptions' own default (``6bit``) is an MLX value; torch's default is the daemon's (``auto``)."""
 
 EPILOG = """\
 examples:
@@ -40,12 +40,13 @@ examples:
 
 --engine NAME[:key=value,...]: NAME is a registered engine (torch, mlx) or qwen-tts (the
 official package, run in its own environment: --reference-python or $S2S_BENCH_REFERENCE_PYTHON).
-Keys: model, device, dtype (torch: fp32, bf16, fp16), quantization (torch: none, int8, int4; mlx:
-4bit, 6bit, 8bit, bf16), kernels (torch on the CPU: auto, native, torch), revision; label=NAME
+Keys: model, device, dtype (torch: fp32, bf16, fp16), quantization (torch: auto, none, int8, int4;
+mlx: 4bit, 6bit, 8bit, bf16), kernels (torch on the CPU: auto, native, torch), revision; label=NAME
 names the row; env.VAR=VALUE sets an environment variable of that configuration's process only
 (e.g. env.LD_PRELOAD=.../openblas-pthread/libblas.so.3 for MLX on a Linux CPU); other keys go to
 the engine's extra options. Each configuration runs in its
-own process, loaded once; runs are interleaved so machine drift hits all alike.
+own process, loaded once; runs are interleaved so machine drift hits all alike. The last line
+names the fastest configuration of the run (lowest RTF) and the settings that select it.
 """
 
 
@@ -106,7 +107,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         action="append",
         dest="engines",
         metavar="NAME[:k=v,...]",
-        help="a configuration to measure; repeat for several (default: torch)",
+        help="a configuration to measure; repeat for several (default: the torch engine's formats for this"
+        " machine's device, auto first, and the fastest is recommended)",
     )
     parser.add_argument(
         "--model", default=DEFAULT_MODEL, help="hub id or local checkpoint folder (default: %(default)s)"
@@ -238,6 +240,25 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def default_engines(device: str | None) -> list[str]:
+    """Without ``--engine``: the torch engine's formats for this machine's device, ``auto`` (the
+    daemon's default) first, so that the run recommends one (``report.recommend``)."""
+    try:
+        import torch
+    except ImportError:
+        return ["torch"]
+    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind.startswith("cuda"):
+        return ["torch", "torch:dtype=fp16", "torch:dtype=fp32"]
+    if kind == "mps":
+        return ["torch", "torch:dtype=fp16"]
+    from s2s_daemon.tts.torch_qwen3 import native
+
+    if native.why_not_here() is not None:  # no native kernels: float32 is what there is
+        return ["torch"]
+    return ["torch", "torch:quantization=int4", "torch:quantization=none"]
+
+
 def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     for name in ("runs", "chunk_frames"):
         if getattr(args, name) < 1:
@@ -249,7 +270,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     if args.max_frames is not None and args.max_frames < 1:
         msg = "--max-frames must be at least 1"
         raise ValueError(msg)
-    specs = [parse_engine_spec(s, args.model, args.device, args.max_frames) for s in (args.engines or ["torch"])]
+    engines = args.engines or default_engines(args.device)
+    specs = [parse_engine_spec(s, args.model, args.device, args.max_frames) for s in engines]
     if args.reference and not any(s.is_reference for s in specs):
         if args.reference_python and os.access(args.reference_python, os.X_OK):
             specs.append(parse_engine_spec("qwen-tts", args.model, args.device, args.max_frames))

@@ -233,7 +233,57 @@ def build_document(
         "texts": [asdict(t) for t in texts],
         "configs": configs,
         "runs": runs,
+        "recommendation": recommend(configs),
     }
+
+
+_SECTION_KEYS = ("device", "dtype", "quantization", "kernels")
+"""Options of a configuration that are keys of its engine's section (``tts.<engine>.<key>``)."""
+
+
+def recommend(configs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fastest configuration of this run (lowest real-time factor over every text, each run of it
+    succeeded; the official package is not one the daemon can run), and the settings that select it."""
+    fastest: dict[str, Any] | None = None
+    for config in configs:
+        summary = config["summary"]
+        rtf = summary.get("rtf")
+        if config["engine"] == "qwen-tts" or config["status"] != "ok" or summary.get("runs_failed"):
+            continue
+        if not summary.get("runs_ok") or rtf is None or math.isnan(rtf):
+            continue
+        if fastest is None or rtf < fastest["summary"]["rtf"]:
+            fastest = config
+    if fastest is None:
+        return None
+    engine, options = fastest["engine"], fastest["options"]
+    settings = {"tts.engine": engine}
+    section = engine if engine in ("torch", "mlx") else None
+    for key in _SECTION_KEYS:
+        if section is not None and key in options:
+            settings[f"tts.{section}.{key}"] = str(options[key])
+    settings.update({f"tts.options.{key}": str(value) for key, value in options.get("extra", {}).items()
+                     if key != "max_frames"})  # fmt: skip
+    return {
+        "label": fastest["label"],
+        "weights": fastest["info"].get("dtype"),
+        "rtf": fastest["summary"]["rtf"],
+        "of": sum(1 for c in configs if c["summary"].get("runs_ok")),
+        "settings": settings,
+    }
+
+
+def render_recommendation(document: dict[str, Any]) -> str:
+    """One line naming the fastest configuration and the settings that choose it; empty without one."""
+    best = document.get("recommendation")
+    if not best:
+        return ""
+    weights = f", weights {best['weights']}" if best.get("weights") else ""
+    settings = ", ".join(f"{key}: {value}" for key, value in best["settings"].items())
+    return (
+        f"recommended for this machine: {best['label']} (RTF {best['rtf']:.2f}{weights}, the fastest of"
+        f" {best['of']} measured here): {settings}\n"
+    )
 
 
 def _clean(value: Any) -> Any:
@@ -439,4 +489,5 @@ def write_table(document: dict[str, Any], stream: TextIO) -> None:
     busy = f" (1-minute load average {load[0]:.1f} at start)" if load else ""
     stream.write(f"machine: {describe_machine(machine)}{busy}\n")
     stream.write(render_table(document))
+    stream.write(render_recommendation(document))
     stream.flush()

@@ -103,11 +103,10 @@ class EngineHost:
             call_plugin(str(plugin))
         raw = dict(request.get("options", {}))
         extra = {str(k): str(v) for k, v in dict(raw.pop("extra", {})).items()}
-        options = EngineOptions(
-            model=str(raw.pop("model")),
-            extra=extra,
-            **{k: str(v) for k, v in raw.items() if k in ("device", "dtype", "quantization", "kernels", "revision")},
-        )
+        named: dict[str, Any] = {
+            k: str(v) for k, v in raw.items() if k in ("device", "dtype", "quantization", "kernels", "revision")
+        }
+        options = EngineOptions(model=str(raw.pop("model")), extra=extra, **named)
         rss_before = rss_mib()
         start = time.perf_counter()
         worker = EngineWorker(create_engine(str(request["engine"]), options))

@@ -222,6 +222,10 @@ class MqttEvents:
             "languages": list(info.languages),
             "sampleRate": info.sample_rate,
         }
+        if info.dtype:  # the weight format in use, and why (an engine that says)
+            payload["format"] = info.dtype
+            if info.format_reason:
+                payload["formatReason"] = info.format_reason
         return OutMessage(self.topics.info, dumps(payload), 1, True)
 
     def status_message(self, online: bool) -> OutMessage:

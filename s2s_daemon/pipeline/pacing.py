@@ -8,6 +8,12 @@ still takes. ``r`` is learned from the utterances synthesized so far (and, befor
 from the current utterance's chunks after its first); ``T`` from the text's length and the
 seconds of audio per character learned the same way. An engine faster than real time keeps
 the short start.
+
+The wait is bounded (``Pacer.max_wait_s``, ``audio.prebuffer_max_s``): past it the speaker plays
+what it has. So that the pauses a slow engine makes unavoidable fall between clauses rather than
+inside words, the TTS stage then speaks each sentence clause by clause (``segment.split_clauses``)
+and holds each later clause until it will play through. Only a sink heard as it plays (the
+speaker) waits at all.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ SECONDS_PER_CHAR = 0.075
 """Audio per character before anything was learned (English at a natural pace)."""
 LEARNING = 0.3
 """Weight of the newest utterance in the running estimates."""
+MAX_WAIT_S = 0.8
+"""``audio.prebuffer_max_s``'s default: with the speaker's own buffer and output latency after it, a
+short sentence is heard within about a second of its request (``scripts/bench_shipped.py``
+measures it); later clauses and sentences wait instead."""
 
 
 @dataclass(slots=True)
@@ -32,7 +42,10 @@ class Pacer:
     """Audio seconds the engine makes per second of synthesis (prefill included)."""
     seconds_per_char: float = SECONDS_PER_CHAR
     enabled: bool = True
-    """``audio.gapless``: off, nothing is ever waited for (a slow engine stutters)."""
+    """``audio.gapless`` on a real-time speaker: off (or a sink that is not heard as it plays),
+    nothing is ever waited for."""
+    max_wait_s: float = MAX_WAIT_S
+    """``audio.prebuffer_max_s``: the longest a first sample is held, from the utterance's turn on the speaker."""
 
     def learn(self, timeline: Timeline, chars: int) -> None:
         """From an utterance synthesized to its end."""

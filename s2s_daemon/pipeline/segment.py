@@ -136,3 +136,19 @@ def split_sentences(text: str, max_chars: int, *, complete: bool = False, first:
             sentences[-1] += rest.rstrip()
         rest = ""
     return sentences, rest
+
+
+def split_clauses(sentence: str, min_chars: int = FIRST_CLAUSE_CHARS) -> list[str]:
+    """``sentence`` cut after each clause mark (``CLAUSE_MARKS``) where both the clause and what
+    follows it are at least ``min_chars`` long: where a slow engine's unavoidable pauses may fall
+    (``tts/stage.py``). The sentence alone when there is no such mark."""
+    pieces: list[str] = []
+    start = 0
+    for match in _CLAUSE.finditer(sentence):
+        head = sentence[start : match.end()].strip()
+        tail = sentence[match.end() :].strip()
+        if _spoken_length(head) >= min_chars and _spoken_length(tail) >= min_chars and any(c.isalnum() for c in head):
+            pieces.append(head)
+            start = match.end()
+    pieces.append(sentence[start:].strip())
+    return pieces

@@ -37,6 +37,9 @@ class EngineInfo:
     """Weight format actually used: ``float32``, ``bfloat16``, ``int8``, ``4bit``..."""
     mode: str = "custom_voice"
     """``custom_voice``, ``voice_design`` or ``base`` (voice clone)."""
+    format_reason: str = ""
+    """Why ``dtype``: what ``auto`` chose for this device and why, or ``configured``; empty when the
+    engine does not say."""
 
 
 @dataclass(frozen=True, slots=True)

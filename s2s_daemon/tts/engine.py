@@ -76,6 +76,8 @@ class EngineOptions:
     """MLX: ``4bit``, ``6bit``, ``8bit`` or ``bf16``; torch: ``none``, ``int8`` or ``int4``."""
     kernels: str = "auto"
     """Torch on the CPU: ``auto``, ``native`` or ``torch`` linear kernels."""
+    threads: int | None = None
+    """Torch on the CPU: intra-op threads; None follows what the machine leaves free."""
     revision: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
     """Backend-specific knobs (test engines use this for speed)."""

@@ -32,9 +32,9 @@ from s2s_daemon.pipeline.jobs import (
     TextCut,
 )
 from s2s_daemon.pipeline.messages import ErrorCode, SayRequest, Utterance
-from s2s_daemon.pipeline.pacing import Pacer
+from s2s_daemon.pipeline.pacing import REAL_TIME, Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
-from s2s_daemon.pipeline.segment import split_sentences
+from s2s_daemon.pipeline.segment import split_clauses, split_sentences
 from s2s_daemon.pipeline.textfeed import FeedEnd, TextFeed
 from s2s_daemon.pipeline.vocabulary import normalize_language
 from s2s_daemon.pipeline.voices import LibraryVoice, VoiceKind, VoiceLibrary
@@ -47,6 +47,8 @@ SEGMENT_MAX_CHARS = 300
 """A sentence longer than this is cut at a clause mark or a space (pipeline/segment.py)."""
 SENTENCE_PAUSE_S = 0.15
 """Silence between two sentences of one request (the model's own trailing silence comes first)."""
+CLAUSE_PAUSE_S = 0.05
+"""Silence between two clauses of a sentence spoken clause by clause (a slow engine on the speaker)."""
 CHUNK_BUFFER = 64
 """Chunks one utterance may hold ahead of playback before synthesis waits (back-pressure)."""
 
@@ -71,6 +73,7 @@ class TtsStage:
         pacer: Pacer | None = None,
         max_streams: int = 1,
         outputs: Channel[Utterance] | None = None,
+        paced_speaker: bool = True,
     ) -> None:
         self.worker = worker
         self.info = info
@@ -90,6 +93,10 @@ class TtsStage:
         slow engine each later sentence is held back until it will play without a gap."""
         self.outputs = outputs
         """Where callers' utterances go, apart from the speaker's (the playback stage reads both)."""
+        self.paced_speaker = paced_speaker
+        """The speaker is heard as it plays (``AudioSink.realtime``): its requests are paced
+        (``SynthesisRequest.paced``: others keep out of its way). False for a file or the discard
+        sink, which nobody hears: nothing waits for them."""
         self._places = asyncio.Semaphore(max_streams)
         """Requests synthesized at once (``tts.max_streams``); 1: one after another, in queue order."""
         self._speaker_busy = False
@@ -151,7 +158,7 @@ class TtsStage:
             language=request.language,
             instruct=request.instruct,
             chunk_frames=self.chunk_frames,
-            paced=request.output is None,  # the speaker's: others must not make it stutter
+            paced=request.output is None and self.paced_speaker,  # others must not make it stutter
         )
         ledger.record(job, SynthesisStarted(time.monotonic()))
         log.debug("synthesis_started", chars=len(request.text))
@@ -179,44 +186,72 @@ class TtsStage:
     async def _speak_segments(self, job: Job, synth: SynthesisRequest, chunks: Channel[np.ndarray]) -> None:
         """The text sentence by sentence, each its own engine call (its prompt and KV cache hold
         one sentence, not the request), with a short pause between, into the one utterance. A
-        streamed text's sentences are spoken as its writer completes them."""
+        streamed text's sentences are spoken as its writer completes them. On a speaker whose
+        engine is slower than real time each sentence is spoken clause by clause, so that the
+        pauses the engine's speed makes fall between clauses rather than inside words."""
         pause = np.zeros(round(SENTENCE_PAUSE_S * self.info.sample_rate), np.float32)
+        clause_pause = np.zeros(round(CLAUSE_PAUSE_S * self.info.sample_rate), np.float32)
         spoken = 0
         async with contextlib.aclosing(self._segments(job, synth.text)) as segments:
-            async for text in segments:
-                self.dispatcher.record(job, SegmentReady(time.monotonic(), len(text)))
-                if spoken and not await self._put(job, chunks, pause):
-                    return
-                # The first sentence's start is the speaker's to pace (audio/playback.py); a later
-                # one, on an engine slower than real time, waits here until the rest of it will
-                # come in time: the gap falls between sentences, never inside a word.
-                hold_s = self._hold_s(len(text)) if spoken else 0.0
-                held: list[np.ndarray] = []
-                held_s = 0.0
-                async with contextlib.aclosing(
-                    self.worker.stream(dataclasses.replace(synth, text=text), job.should_stop)
-                ) as pieces:
-                    async for chunk in pieces:
-                        if job.should_stop():
-                            return
-                        if held_s < hold_s:
-                            held_s += self._made(job, chunk)
-                            held.append(chunk)
-                            if held_s < hold_s:
-                                continue
-                            log.debug("sentence_held", segment=spoken + 1, held_s=round(held_s, 2))
-                            if not await self._flush(chunks, held):
-                                return
-                            continue
-                        if not await self._put(job, chunks, chunk):
-                            return
-                if held and not await self._flush(chunks, held):
-                    return
-                spoken += 1
-                log.debug("segment_synthesized", segment=spoken, chars=len(text))
+            async for sentence in segments:
+                for index, text in enumerate(self._pieces(sentence, job)):
+                    if not await self._speak_piece(job, synth, chunks, text, spoken, clause_pause if index else pause):
+                        return
+                    spoken += 1
         feed = job.request.feed
         if feed is not None and not job.should_stop():
             self._feed_ended(job, feed, spoken)
+
+    def _pieces(self, sentence: str, job: Job) -> list[str]:
+        """A sentence, or its clauses on a paced speaker whose engine is slower than real time."""
+        pacer = self.pacer
+        if job.request.output is not None or not self.paced_speaker or pacer is None or not pacer.enabled:
+            return [sentence]
+        if pacer.rate is None or pacer.rate >= REAL_TIME:
+            return [sentence]
+        return split_clauses(sentence)
+
+    async def _speak_piece(
+        self,
+        job: Job,
+        synth: SynthesisRequest,
+        chunks: Channel[np.ndarray],
+        text: str,
+        spoken: int,
+        pause: np.ndarray,
+    ) -> bool:
+        """One sentence or clause into the utterance (``pause`` before it, unless it is the first);
+        False when the request ended early (stopped, playback gone)."""
+        self.dispatcher.record(job, SegmentReady(time.monotonic(), len(text)))
+        if spoken and not await self._put(job, chunks, pause):
+            return False
+        # The first piece's start is the speaker's to pace (audio/playback.py); a later one, on an
+        # engine slower than real time, waits here until the rest of it will come in time: the gap
+        # falls between clauses and sentences, never inside a word.
+        hold_s = self._hold_s(len(text)) if spoken else 0.0
+        held: list[np.ndarray] = []
+        held_s = 0.0
+        async with contextlib.aclosing(
+            self.worker.stream(dataclasses.replace(synth, text=text), job.should_stop)
+        ) as pieces:
+            async for chunk in pieces:
+                if job.should_stop():
+                    return False
+                if held_s < hold_s:
+                    held_s += self._made(job, chunk)
+                    held.append(chunk)
+                    if held_s < hold_s:
+                        continue
+                    log.debug("sentence_held", segment=spoken + 1, held_s=round(held_s, 2))
+                    if not await self._flush(chunks, held):
+                        return False
+                    continue
+                if not await self._put(job, chunks, chunk):
+                    return False
+        if held and not await self._flush(chunks, held):
+            return False
+        log.debug("segment_synthesized", segment=spoken + 1, chars=len(text))
+        return True
 
     def _segments(self, job: Job, text: str) -> AsyncGenerator[str, None]:
         feed = job.request.feed

@@ -49,6 +49,7 @@ from s2s_daemon.tts.engine import (
     SynthesisRequest,
     UnknownVoiceError,
 )
+from s2s_daemon.tts.threads import ThreadPolicy
 from s2s_daemon.tts.torch_qwen3 import memory
 from s2s_daemon.tts.torch_qwen3.checkpoint import load_weights, resolve_checkpoint
 from s2s_daemon.tts.torch_qwen3.clone_cache import ClonePrompt, ClonePromptCache
@@ -58,6 +59,7 @@ from s2s_daemon.tts.torch_qwen3.config import (
     load_generation_settings,
     load_model_config,
 )
+from s2s_daemon.tts.torch_qwen3.formats import choose_format
 from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout, no_weight_init, small_batch_linears
 from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings, PromptTokens, build_embeddings, codec_prefix, tokenize
 from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, PrefixCache, Sequence, TalkerRuntime
@@ -89,22 +91,6 @@ def frame_budget(text_tokens: int, max_new_tokens: int, cap: int | None = None) 
     return min(budget, cap) if cap is not None else budget
 
 
-def cpu_threads() -> int:
-    """Intra-op threads on the CPU: every core on a machine of two or fewer, else every core but
-    one (kept for the event loop, audio and the OS); never more than torch's own default
-    (``OMP_NUM_THREADS`` when set).
-
-    ``scripts/bench_torch.py --threads 2`` against ``--threads 1`` on a quiet 2-core box (the
-    Intel Xeon with AVX-512, 2 December 2026, 0.6B int8, ten-word sentence, two runs each): a
-    frame with audio in 178-193 ms against 296-346, the first one-frame chunk after 506-551 ms
-    against 884-1,014. On a box whose other core is busy with another
-    process, OpenMP's workers wait for it (earlier, on a shared CI box, 1 thread was 2.4x faster
-    than 2): there, ``tts.options.threads: "1"``.
-    """
-    cores = os.cpu_count() or 1
-    return max(1, min(torch.get_num_threads(), cores if cores <= 2 else cores - 1))
-
-
 def pick_device(requested: str) -> torch.device:
     """``auto`` -> cuda, then mps, then cpu; anything else is passed to torch.device."""
     if requested == "auto":
@@ -134,7 +120,7 @@ _DTYPES = {
 
 
 def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
-    """``auto`` -> bfloat16 on CUDA, float32 elsewhere."""
+    """``auto`` -> bfloat16 on CUDA, float32 elsewhere (``formats.choose_format`` says why)."""
     if requested == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
@@ -189,6 +175,8 @@ class TorchQwen3Engine:
         self.device = torch.device("cpu")
         self.dtype = torch.float32
         self.info: EngineInfo | None = None
+        self.threads: ThreadPolicy | None = None
+        """The CPU's intra-op threads (None on an accelerator); adjusted between frames."""
 
     # -- options --------------------------------------------------------------------------
     def _extra_int(self, key: str) -> int | None:
@@ -210,12 +198,7 @@ class TorchQwen3Engine:
     def _load(self) -> EngineInfo:
         started = time.perf_counter()
         device = pick_device(self.options.device)
-        threads = self._extra_int("threads")
-        if threads is None and device.type == "cpu":
-            threads = cpu_threads()
-        if threads is not None and threads > 0:
-            torch.set_num_threads(threads)  # process-wide: the intra-op pool is shared
-        dtype = pick_dtype(self.options.dtype, device)
+        self._start_threads(device)
         quantization, kernels = self._kernel_options(device)
         # The checkpoint is found and its configs and tokenizer read before the native kernels are
         # (built and) loaded: a wrong tts.model fails in seconds, not after a minute of compiling.
@@ -223,7 +206,19 @@ class TorchQwen3Engine:
         cfg = load_model_config(folder)
         gen = load_generation_settings(folder)
         tokenizer = self._load_tokenizer(folder)
-        dtype, weight_format, ext = self._weight_format(device, dtype, quantization, kernels)
+        log.info("checkpoint_read", folder=str(folder), mode=cfg.mode, read_s=round(time.perf_counter() - started, 2))
+        choice = choose_format(device.type, self.options.dtype, quantization, kernels, self._native_reason)
+        dtype = pick_dtype(choice.dtype, device)
+        dtype, weight_format, ext = self._weight_format(device, dtype, choice.quantization, kernels)
+        log.info(
+            "engine_format",
+            device=device.type,
+            weights=weight_format,
+            activations=str(dtype).removeprefix("torch."),
+            kernels="native" if ext is not None else "torch",
+            chosen="auto" if choice.auto else "configured",
+            reason=choice.reason,
+        )
         weights, self.codec = self._load_weights(cfg, folder, device, dtype, weight_format, ext)
         if cfg.mode == "base":
             self._load_clone_encoders(folder, device, dtype)
@@ -246,6 +241,7 @@ class TorchQwen3Engine:
             languages=cfg.languages,
             dtype=weight_format,
             mode=cfg.mode,
+            format_reason=choice.reason,
         )
         log.info(
             "torch_engine_loaded",
@@ -311,10 +307,29 @@ class TorchQwen3Engine:
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise CheckpointError(f"text tokenizer in {folder} cannot be loaded: {exc}") from exc
 
+    def _start_threads(self, device: torch.device) -> None:
+        """The intra-op threads: ``tts.torch.threads`` (or ``extra['threads']``) fixes them; else,
+        on the CPU, ``ThreadPolicy`` follows what the machine leaves free."""
+        fixed = self._extra_int("threads") or self.options.threads
+        if device.type != "cpu":
+            if fixed is not None and fixed > 0:
+                torch.set_num_threads(fixed)  # process-wide: the intra-op pool is shared
+            return
+        fixed = fixed if fixed is not None and fixed > 0 else None
+        self.threads = ThreadPolicy(fixed, torch.get_num_threads(), torch.set_num_threads)
+        self.threads.start()
+
+    @staticmethod
+    def _native_reason() -> str | None:
+        """Why the native kernels cannot run here (None: they can; loads, and builds them once)."""
+        from s2s_daemon.tts.torch_qwen3 import native
+
+        return None if native.load() is not None else native.unavailable_reason() or "unavailable"
+
     def _kernel_options(self, device: torch.device) -> tuple[str, str]:
         """(quantization, kernels) from the options, checked before anything is read or built."""
         quantization = (self.options.quantization or "none").lower()
-        if quantization not in ("int8", "int4", "none", ""):
+        if quantization not in ("auto", "int8", "int4", "none", ""):
             # The shared default (``6bit``) belongs to the MLX engine; torch knows none, int8 and int4.
             log.info("quantization_not_for_torch", quantization=quantization, used="none")
             quantization = "none"
@@ -443,6 +458,8 @@ class TorchQwen3Engine:
         return DeviceMemory("none")
 
     def close_blocking(self) -> None:
+        if self.threads is not None:
+            self.threads.stop()
         self.runtime = None
         self.codec = None
         self.speech_encoder = None
@@ -562,6 +579,8 @@ class TorchQwen3Engine:
         keeps the chunks it completed for ``Synthesis.take``."""
         runtime, gen = self.runtime, self.gen
         assert runtime is not None and gen is not None
+        if self.threads is not None:
+            self.threads.adjust()
         for synthesis in batch:
             if synthesis.sequence is not None and not synthesis.done and synthesis.should_stop():
                 synthesis.stop()
@@ -580,6 +599,8 @@ class TorchQwen3Engine:
     ) -> Synthesis:
         runtime, gen = self.runtime, self.gen
         assert runtime is not None and gen is not None
+        if self.threads is not None:
+            self.threads.adjust()
         prompt, _, ref_codes, budget = self.prepare(request)
         if max_frames is not None:
             budget = min(budget, max_frames)

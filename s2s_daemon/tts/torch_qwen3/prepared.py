@@ -57,6 +57,7 @@ import structlog
 import torch
 from torch import nn
 
+from s2s_daemon.progress import Progress
 from s2s_daemon.tts.torch_qwen3 import native
 from s2s_daemon.tts.torch_qwen3.checkpoint import (
     DTYPE_NAMES,
@@ -200,38 +201,10 @@ def _prepare(
     linears, others = _plan(weights, fmt, group)
     specs: dict[str, dict[str, Any]] = {}
     scratch = _Scratch()
-    for path, lin in linears.items():
-        names = _sources(f"{path}.weight")
-        first = ck.tensors[names[0]]
-        if len(names) == 1 and _FMT_DTYPES.get(fmt) == first.dtype:
-            sink.ref(f"{path}.data", first)  # what _pack would return, value for value
-            parts = ["data"]
-        else:
-            # float32 from float32 keeps the very buffer it reads (``_pack`` returns it): not the scratch
-            keeps = fmt == "float32" and first.dtype == torch.float32
-            w = _joined(ck, names, None if keeps else scratch)
-            data, scales, mins = native._pack(w, fmt, group, ext)
-            del w
-            parts = []
-            for part, tensor in (("data", data), ("scales", scales), ("mins", mins)):
-                if tensor is not None:
-                    sink.add(f"{path}.{part}", tensor)
-                    parts.append(part)
-            del data, scales, mins
-        if lin.bias is not None:
-            names = _sources(f"{path}.bias")
-            if len(names) == 1 and ck.tensors[names[0]].dtype == torch.float32:
-                sink.ref(f"{path}.bias", ck.tensors[names[0]])
-            else:
-                sink.add(f"{path}.bias", _joined(ck, names).float().contiguous())
-            parts.append("bias")
-        specs[path] = {
-            "fmt": fmt,
-            "group": group if fmt == "int4" else 0,
-            "in": lin.in_features,
-            "out": lin.out_features,
-            "parts": parts,
-        }
+    with Progress("preparing_weights", total=len(linears), unit="linears", fmt=fmt) as progress:
+        for path, lin in linears.items():
+            _prepare_linear(ck, path, lin, fmt, group, ext, sink, scratch, specs)
+            progress.advance()
     for name in others:
         names = _sources(name)
         first = ck.tensors[names[0]]
@@ -241,6 +214,44 @@ def _prepare(
         else:
             sink.add(name, _joined(ck, names).to(target).contiguous())
     return specs
+
+
+def _prepare_linear(
+    ck: TensorFiles, path: str, lin: nn.Linear, fmt: str, group: int, ext: Any, sink: _Sink, scratch: _Scratch,
+    specs: dict[str, dict[str, Any]],
+) -> None:  # fmt: skip
+    """One linear of ``_prepare`` into ``sink``, its spec into ``specs``."""
+    names = _sources(f"{path}.weight")
+    first = ck.tensors[names[0]]
+    if len(names) == 1 and _FMT_DTYPES.get(fmt) == first.dtype:
+        sink.ref(f"{path}.data", first)  # what _pack would return, value for value
+        parts = ["data"]
+    else:
+        # float32 from float32 keeps the very buffer it reads (``_pack`` returns it): not the scratch
+        keeps = fmt == "float32" and first.dtype == torch.float32
+        w = _joined(ck, names, None if keeps else scratch)
+        data, scales, mins = native._pack(w, fmt, group, ext)
+        del w
+        parts = []
+        for part, tensor in (("data", data), ("scales", scales), ("mins", mins)):
+            if tensor is not None:
+                sink.add(f"{path}.{part}", tensor)
+                parts.append(part)
+        del data, scales, mins
+    if lin.bias is not None:
+        names = _sources(f"{path}.bias")
+        if len(names) == 1 and ck.tensors[names[0]].dtype == torch.float32:
+            sink.ref(f"{path}.bias", ck.tensors[names[0]])
+        else:
+            sink.add(f"{path}.bias", _joined(ck, names).float().contiguous())
+        parts.append("bias")
+    specs[path] = {
+        "fmt": fmt,
+        "group": group if fmt == "int4" else 0,
+        "in": lin.in_features,
+        "out": lin.out_features,
+        "parts": parts,
+    }
 
 
 class _MemorySink:

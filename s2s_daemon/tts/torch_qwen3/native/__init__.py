@@ -6,7 +6,8 @@ bfloat16, int8 (per output channel) or 4-bit (affine, per group of ``group`` inp
 per call and accumulates in float32 with AVX2/FMA, on torch's own thread pool.
 
 The extension is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and ninja) the first
-time it is needed (64-80 s on 2 cores; logged before and after) and loaded from there afterwards.
+time it is needed (64-80 s on 2 cores; logged before and after, a progress bar on a terminal and a
+``step_progress`` line every few seconds otherwise) and loaded from there afterwards.
 Its folder under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/s2s-daemon/torch_extensions`` is keyed by
 everything that goes into the build command (``build_key``): the source and its path, torch's
 version and installation, the Python, the compiler and the flags. torch's ninja file names the
@@ -28,7 +29,6 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ import structlog
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from s2s_daemon.progress import Progress
 
 log = structlog.get_logger(__name__)
 
@@ -54,8 +56,6 @@ CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 BUILD_EXPECTED_S = 70
 """Seconds a first build takes on the 2-core CI box (64-80 s measured)."""
-PROGRESS_EVERY_S = 5.0
-"""Seconds between the dots printed on a terminal's stderr while the kernels build."""
 
 _SOURCE = Path(__file__).with_name("linear.cpp")
 _lock = threading.Lock()
@@ -157,30 +157,6 @@ def is_built(folder: Path | None = None) -> bool:
     return ((build_folder() if folder is None else folder) / f"{EXTENSION_NAME}.so").is_file()
 
 
-@contextlib.contextmanager
-def _progress_dots(enabled: bool) -> Iterator[None]:
-    """A dot on stderr every ``PROGRESS_EVERY_S`` while the block runs, when stderr is a terminal."""
-    if not (enabled and sys.stderr.isatty()):
-        yield
-        return
-    done = threading.Event()
-
-    def tick() -> None:
-        while not done.wait(PROGRESS_EVERY_S):
-            sys.stderr.write(".")
-            sys.stderr.flush()
-
-    ticker = threading.Thread(target=tick, name="s2s.native_build_progress", daemon=True)
-    ticker.start()
-    try:
-        yield
-    finally:
-        done.set()
-        ticker.join()
-        sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
 def load() -> Any:
     """The compiled extension, building it once per environment if needed; None when unavailable."""
     with _lock:
@@ -206,7 +182,8 @@ def load() -> Any:
                 folder.mkdir(parents=True, exist_ok=True)
                 if not (folder / "key.json").is_file():  # what the folder was built for, for people
                     (folder / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True) + "\n", "utf-8")
-                with _progress_dots(enabled=not cached):
+                building = Progress("building_native_kernels", expected_s=BUILD_EXPECTED_S, started=None, done=None)
+                with building if not cached else contextlib.nullcontext():
                     module = build(
                         name=EXTENSION_NAME,
                         sources=[str(_SOURCE)],
