@@ -301,7 +301,7 @@ class HttpSpeechServer:
         if parsed.error is not None:
             self.dispatcher.reject(parsed.request, parsed.error.code, parsed.error.message)
             raise invalid_request(parsed.error)
-        stream = CallerStream()
+        stream = CallerStream(speed=speech.speed)
         job = self.dispatcher.submit(dataclasses.replace(parsed.request, output=stream))
         with structlog.contextvars.bound_contextvars(request_id=job.request.id):
             return await self._respond(request, speech, job, stream)
