@@ -391,7 +391,10 @@ class Daemon:
         return stage
 
     async def _memory_loop(self, worker: EngineWorker, events: MqttEvents) -> None:
+        """The memory event: once at start (the metrics and Home Assistant's sensor have a figure
+        at once), then every ``telemetry.memory_interval_s`` and after utterances."""
         interval = self.config.telemetry.memory_interval_s
+        self._memory_now.set()
         while True:
             # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation.
             with contextlib.suppress(TimeoutError):

@@ -199,6 +199,20 @@ async def test_metrics_count_what_the_requests_did(tmp_path: Path, mosquitto: Mo
     assert families["s2s_queue_depth"] == "gauge" and families["s2s_journal_commit_seconds"] == "histogram"
 
 
+async def test_memory_has_a_figure_from_the_start(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    port = free_port()
+    config = write_config(
+        tmp_path / "daemon.yaml",
+        mosquitto.port,
+        monitor={"enabled": True, "port": port},
+        telemetry={"memory_interval_s": 3600},  # no utterance, no period: only the one at start
+    )
+    async with recorder(mosquitto.port) as rec, daemon_in_process(config):
+        await rec.wait_for(lambda: rec.payloads("/metrics/memory"))
+        got = samples((await scrape(port))[1])
+    assert value(got, "s2s_resident_memory_bytes") > 10 * 1024 * 1024
+
+
 # -- units ---------------------------------------------------------------------------------------------
 
 
