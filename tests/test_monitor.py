@@ -36,11 +36,11 @@ from tests.support.mqtt import recorder
 from tests.test_http_speech import tone_samples, wait_ready
 
 SAY = "s2s/kitchen/tts/say"
-pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 
 
 async def curl(url: str) -> tuple[int, dict[str, Any] | None]:
     """GET ``url`` with curl: (status, JSON body); status 0 when nothing answers."""
+    assert shutil.which("curl") is not None, "curl is not installed (apt-get install curl)"
     proc = await asyncio.create_subprocess_exec(
         "curl", "-s", "-m", "5", "-w", "\n%{http_code}", url,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,

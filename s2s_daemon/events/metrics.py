@@ -26,8 +26,6 @@ from s2s_daemon.pipeline.jobs import Job, JobEvents
 from s2s_daemon.pipeline.messages import Status
 from s2s_daemon.pipeline.vocabulary import EngineInfo
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
-"""The text exposition format's media type, as prometheus_client writes it."""
 INTAKES = ("mqtt", "pool", "hermes", "http", "wyoming")
 """Origins whose series exist from the start (at zero): a rate over them needs no first request."""
 FIRST_AUDIO_BUCKETS_S = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
@@ -55,6 +53,9 @@ class _EngineBusy(Collector):
 
 class DaemonMetrics:
     """The registry and its series. The constructor does no I/O."""
+
+    content_type = CONTENT_TYPE_LATEST
+    """The text exposition format's media type, as prometheus_client writes it."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()

@@ -16,9 +16,7 @@ from s2s_daemon.config import HttpConfig, MonitorConfig
 from s2s_daemon.errors import UnavailableError
 
 if TYPE_CHECKING:
-    from s2s_daemon.events.metrics import DaemonMetrics
-    from s2s_daemon.events.readiness import Readiness
-    from s2s_daemon.intake.http.monitor import MonitorServer
+    from s2s_daemon.intake.http.monitor import MetricsSource, MonitorServer, ReadinessSource
     from s2s_daemon.intake.http.server import HttpSpeechServer
 
 EXTRA_MODULES = ("aiohttp", "soundfile", "lameenc")
@@ -46,7 +44,9 @@ def require_monitor_extra(config: MonitorConfig) -> None:
         )
 
 
-async def open_http_server(config: HttpConfig, readiness: Readiness, metrics: DaemonMetrics) -> HttpSpeechServer | None:
+async def open_http_server(
+    config: HttpConfig, readiness: ReadinessSource, metrics: MetricsSource
+) -> HttpSpeechServer | None:
     """The started server (listening; its speech answers 503 until ``attach``), or None when
     ``http.enabled`` is false."""
     if not config.enabled:
@@ -61,7 +61,7 @@ async def open_http_server(config: HttpConfig, readiness: Readiness, metrics: Da
 
 
 async def open_monitor_server(
-    config: MonitorConfig, readiness: Readiness, metrics: DaemonMetrics
+    config: MonitorConfig, readiness: ReadinessSource, metrics: MetricsSource
 ) -> MonitorServer | None:
     """The started monitor listener, or None when ``monitor.enabled`` is false."""
     if not config.enabled:

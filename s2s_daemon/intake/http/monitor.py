@@ -8,23 +8,39 @@ and behind the speech API's bearer token on its port (when it has one).
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import structlog
 from aiohttp import web
 
 from s2s_daemon.config import MonitorConfig
 from s2s_daemon.errors import UnavailableError
-from s2s_daemon.events.metrics import CONTENT_TYPE, DaemonMetrics
-from s2s_daemon.events.readiness import Readiness
 
 log = structlog.get_logger(__name__)
 
 CLOSE_TIMEOUT_S = 2.0
 
 
+class ReadinessSource(Protocol):
+    """What the probes answer from (``events/readiness.py``'s ``Readiness``)."""
+
+    def health(self) -> dict[str, Any]: ...
+
+    def report(self) -> tuple[bool, dict[str, Any]]: ...
+
+
+class MetricsSource(Protocol):
+    """What ``/metrics`` answers from (``events/metrics.py``'s ``DaemonMetrics``)."""
+
+    content_type: str
+
+    def exposition(self) -> bytes: ...
+
+
 class MonitorRoutes:
     """The three handlers, over the daemon's readiness and metrics."""
 
-    def __init__(self, readiness: Readiness, metrics: DaemonMetrics) -> None:
+    def __init__(self, readiness: ReadinessSource, metrics: MetricsSource) -> None:
         self.readiness = readiness
         self.metrics = metrics
 
@@ -41,7 +57,7 @@ class MonitorRoutes:
         return web.json_response(body, status=200 if ready else 503)
 
     async def exposition(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": self.metrics.content_type})
 
 
 class MonitorServer:
