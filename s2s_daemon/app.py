@@ -17,8 +17,10 @@ from s2s_daemon.config import DaemonConfig
 from s2s_daemon.errors import EXIT_FAILURE, EXIT_NOPERM, EXIT_OK, EXIT_SOFTWARE, UnavailableError
 from s2s_daemon.events.discovery import HaDiscovery
 from s2s_daemon.events.memory import memory_payload
+from s2s_daemon.events.metrics import DaemonMetrics, MeteredEvents
 from s2s_daemon.events.publisher import MqttEvents, now_ms
-from s2s_daemon.intake.http import open_http_server, require_http_extra
+from s2s_daemon.events.readiness import Phase, Readiness
+from s2s_daemon.intake.http import open_http_server, open_monitor_server, require_http_extra, require_monitor_extra
 from s2s_daemon.intake.mqtt import DurableEvents, MqttIntake
 from s2s_daemon.intake.pool import PoolHandBack
 from s2s_daemon.intake.schemas import IntakeRules
@@ -66,6 +68,10 @@ class Daemon:
         self._memory_now = asyncio.Event()
         self._exit_code = EXIT_OK
         """What ``run`` returns: EXIT_SOFTWARE after a wedged engine."""
+        self.readiness = Readiness()
+        """The phase ``/health`` and ``/ready`` report."""
+        self.metrics = DaemonMetrics()
+        """``/metrics``: a registry of this daemon's own."""
 
     # -- signals -----------------------------------------------------------------------
 
@@ -101,27 +107,47 @@ class Daemon:
             self._remove_signals()
 
     async def _run(self) -> int:
-        """startup (engine, warm-up, sink, embedded broker) -> serve -> stop (close them in reverse)."""
+        """The listeners (monitor, speech API) first, so that probes answer while the model loads;
+        then the rest of the startup, the service and the stop; the listeners close last."""
         cfg = self.config
         log.info("starting", site_id=cfg.site_id, engine=cfg.tts.engine, model=cfg.tts.model)
-        broker: EmbeddedBroker | None = None
         if cfg.wyoming.enabled:
             require_wyoming()
         require_http_extra(cfg.http)  # exit 69 before the model loads
+        require_monitor_extra(cfg.monitor)
         preflight.require(cfg)  # every file, folder and port the configuration names: 78 or 69, before it too
+        async with contextlib.AsyncExitStack() as listeners:
+            monitor = await open_monitor_server(cfg.monitor, self.readiness, self.metrics)  # port taken: 69
+            if monitor is not None:
+                listeners.push_async_callback(monitor.close)
+            http = await open_http_server(cfg.http, self.readiness, self.metrics)
+            if http is not None:
+                listeners.push_async_callback(http.close)  # the drain closed it already: a no-op then
+            return await self._start_up(http)
+
+    async def _start_up(self, http: Any) -> int:
+        """startup (engine, warm-up, sink, embedded broker) -> serve -> stop (close them in reverse)."""
+        cfg = self.config
+        broker: EmbeddedBroker | None = None
         journal = self._journal()
         recovered = journal.open() if journal is not None else None  # unwritable: exit 69 naming the path
+        if journal is not None:
+            journal.on_commit = self.metrics.journal_committed
         try:
+            self.readiness.enter(Phase.LOADING)
             worker, info = await load_engine(cfg)
         except BaseException:
             if journal is not None:
                 journal.close()
             raise
+        self.metrics.engine_loaded(info, worker.busy_s)
         sink: AudioSink | None = None
         try:
             if cfg.tts.warmup:
+                self.readiness.enter(Phase.WARMING)
                 with Progress("warming_up", started="warming_up", done="warmed_up", engine=info.engine):
                     await worker.warmup()
+            self.readiness.enter(Phase.OPENING)
             from s2s_daemon.audio.select import make_sink
 
             sink = make_sink(cfg.audio)
@@ -134,7 +160,7 @@ class Daemon:
                 await broker.start()
             if self._stop.is_set():
                 return EXIT_OK
-            return await self._serve(worker, info, sink, journal, recovered)
+            return await self._serve(worker, info, sink, journal, recovered, http)
         finally:
             if journal is not None:
                 journal.close()  # commits what the drain left (the last acknowledgements)
@@ -161,15 +187,17 @@ class Daemon:
         sink: AudioSink,
         journal: RequestJournal | None = None,
         recovered: Recovered | None = None,
+        http: Any = None,
     ) -> int:
         """ready -> run -> drain, with every long-lived task in one group."""
-        wiring = await self._wire(worker, info, sink, journal)
+        wiring = await self._wire(worker, info, sink, journal, http)
         if wiring.durable is not None and recovered is not None:
             queued, expired = wiring.durable.resume(recovered, self.config.queue.resume_max_age_s)
             if recovered.open or recovered.unsent:
                 log.info("journal_resumed", queued=queued, expired=expired, republished=len(recovered.unsent))
         async with asyncio.TaskGroup() as tg:
             tasks = self._start(tg, wiring, worker)
+            self.readiness.enter(Phase.SERVING)
             self.notifier.ready(f"ready: {info.engine} {info.model} on {info.device}")
             log.info("ready", engine=info.engine, model=info.model, device=info.device, voices=len(info.voices))
             await self._stop.wait()
@@ -178,11 +206,18 @@ class Daemon:
         return self._exit_code
 
     async def _wire(
-        self, worker: EngineWorker, info: EngineInfo, sink: AudioSink, journal: RequestJournal | None = None
+        self,
+        worker: EngineWorker,
+        info: EngineInfo,
+        sink: AudioSink,
+        journal: RequestJournal | None = None,
+        http: Any = None,
     ) -> _Wiring:
         """The pipeline, its events and every intake; servers that listen are bound here (a taken
-        port is exit 69 before anything runs). With the journal, the events go through
-        ``DurableEvents`` and the MQTT intake acknowledges what it journaled once committed."""
+        port is exit 69 before anything runs), the speech API (listening since before the model
+        loaded) is handed the pipeline. With the journal, the events go through ``DurableEvents``
+        and the MQTT intake acknowledges what it journaled once committed. Every terminal event
+        is counted into the metrics first (``MeteredEvents``)."""
         cfg = self.config
         link: MqttLink
         pipeline: Pipeline
@@ -203,6 +238,7 @@ class Daemon:
         if durable is not None:
             durable.inner = events
             job_events = durable
+        job_events = MeteredEvents(job_events, self.metrics, info)
         gate = VadGate(cfg.vad.max_wait_s)
         pipeline = build_pipeline(cfg, worker, info, sink, job_events, gate=gate.hold)
         ledger, rules = pipeline.ledger, pipeline.rules
@@ -234,8 +270,11 @@ class Daemon:
             on_denied=self._subscription_denied,
         )
         link.prepare()
+        self.readiness.broker_connected = link.connected.is_set
+        self.metrics.watch(queue_depth=lambda: len(pipeline.requests), ready=self.readiness.ready)
         wyoming = await self._open_wyoming(ledger, rules, info)
-        http = await open_http_server(cfg.http, ledger, rules, info)  # listening (port taken: 69); None when off
+        if http is not None:
+            http.attach(ledger, rules, info)
         vad = await self._open_vad(ledger, events, gate)
         return _Wiring(pipeline, events, link, wyoming, http, vad, durable, intake.pool, intake.streams)
 
@@ -282,6 +321,7 @@ class Daemon:
         answer everything still open, say ``offline``."""
         cfg = self.config
         ledger = wiring.pipeline.ledger
+        self.readiness.enter(Phase.DRAINING)
         self.notifier.stopping()
         log.info("draining", queued=len(wiring.pipeline.requests), timeout_s=cfg.shutdown.drain_timeout_s)
         pool = wiring.pool
@@ -357,7 +397,10 @@ class Daemon:
         return stage
 
     async def _memory_loop(self, worker: EngineWorker, events: MqttEvents) -> None:
+        """The memory event: once at start (the metrics and Home Assistant's sensor have a figure
+        at once), then every ``telemetry.memory_interval_s`` and after utterances."""
         interval = self.config.telemetry.memory_interval_s
+        self._memory_now.set()
         while True:
             # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation.
             with contextlib.suppress(TimeoutError):
@@ -365,7 +408,9 @@ class Daemon:
                     await self._memory_now.wait()
             self._memory_now.clear()
             device = await worker.memory()
-            events.memory(memory_payload(self.config.site_id, now_ms(), device))
+            payload = memory_payload(self.config.site_id, now_ms(), device)
+            events.memory(payload)
+            self.metrics.memory(payload)
             # Utterances that end in a burst share one event: the next one waits out the
             # minimum gap, then reports the memory after the latest of them.
             await asyncio.sleep(MEMORY_MIN_INTERVAL_S)

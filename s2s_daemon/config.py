@@ -256,6 +256,18 @@ class HttpConfig(Section):
     """Larger request bodies are refused (413)."""
 
 
+class MonitorConfig(Section):
+    """``GET /health``, ``/ready`` and ``/metrics`` on a listener of their own, for a service manager,
+    a container runtime, a load balancer or Prometheus; needs the ``http`` extra. The speech API's
+    port (``http.enabled``) serves the same paths: this one is for a daemon without it, or apart."""
+
+    enabled: bool = False
+    host: str = Field("127.0.0.1", min_length=1)
+    """Loopback by default; ``0.0.0.0`` for a probe or a scraper on another host (a kubelet, Prometheus)."""
+    port: int = Field(5051, ge=1, le=65535)
+    """Beside the speech API's 5050."""
+
+
 class WyomingConfig(Section):
     """The Wyoming TTS server Home Assistant's Assist pipelines use; needs the ``wyoming`` extra."""
 
@@ -282,6 +294,7 @@ class DaemonConfig(Section):
     ha: HaConfig = HaConfig()
     http: HttpConfig = HttpConfig()
     wyoming: WyomingConfig = WyomingConfig()
+    monitor: MonitorConfig = MonitorConfig()
 
     @field_validator("site_id")
     @classmethod
@@ -289,6 +302,14 @@ class DaemonConfig(Section):
         if any(c in value for c in "/+#") or value == "pool":
             raise ValueError("must not contain / + # and must not be 'pool'")
         return value
+
+    @model_validator(mode="after")
+    def _monitor_port_is_its_own(self) -> DaemonConfig:
+        if self.monitor.enabled:
+            for name, other in (("http", self.http), ("wyoming", self.wyoming)):
+                if other.enabled and other.port == self.monitor.port:
+                    raise ValueError(f"monitor.port {self.monitor.port} is {name}.port too: give each its own")
+        return self
 
 
 @dataclass(frozen=True, slots=True)

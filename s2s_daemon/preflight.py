@@ -134,13 +134,17 @@ def _http_key(config: DaemonConfig) -> list[Finding]:
 
 
 def _extras(config: DaemonConfig) -> list[Finding]:
-    from s2s_daemon.intake.http import require_http_extra
+    from s2s_daemon.intake.http import require_http_extra, require_monitor_extra
 
     out: list[Finding] = []
     try:
         require_http_extra(config.http)
     except UnavailableError as exc:
         out.append(Finding("http.enabled", "needs " + str(exc).partition(" needs ")[2], unavailable=True))
+    try:
+        require_monitor_extra(config.monitor)
+    except UnavailableError as exc:
+        out.append(Finding("monitor.enabled", "needs " + str(exc).partition(" needs ")[2], unavailable=True))
     if config.wyoming.enabled and importlib.util.find_spec("wyoming") is None:
         out.append(Finding("wyoming.enabled", "needs the wyoming package: pip install 's2s-daemon[wyoming]'", True))
     if config.mqtt.broker == "embedded" and importlib.util.find_spec("amqtt") is None:
@@ -224,6 +228,8 @@ def listeners(config: DaemonConfig) -> list[Listener]:
         out.append(Listener("http.port", config.http.host, config.http.port))
     if config.wyoming.enabled:
         out.append(Listener("wyoming.port", config.wyoming.host, config.wyoming.port))
+    if config.monitor.enabled:
+        out.append(Listener("monitor.port", config.monitor.host, config.monitor.port))
     return out
 
 

@@ -70,17 +70,17 @@ class Api:
         return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=api_key, max_retries=0, timeout=10)
 
 
-async def wait_listening(port: int, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
+async def wait_ready(port: int, timeout_s: float = 10.0) -> None:
+    """Until ``GET /ready`` answers 200 (the port listens before the model loads)."""
+    async with asyncio.timeout(timeout_s), aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
         while True:
             try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                await asyncio.sleep(0.02)
-                continue
-            writer.close()
-            await writer.wait_closed()
-            return
+                async with http.get("/ready") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager
@@ -95,7 +95,7 @@ async def speech_api(
         http["api_key_file"] = str(key_file)
     path = write_config(tmp_path / "daemon.yaml", broker.port, http=http, **sections)
     async with recorder(broker.port) as rec, daemon_in_process(path) as daemon:
-        await wait_listening(port)
+        await wait_ready(port)
         yield Api(rec, daemon, port)
 
 
@@ -254,7 +254,7 @@ async def test_errors_are_openai_error_json(tmp_path: Path, mosquitto: Mosquitto
         ("POST", speech, json.dumps({**good, "language": "klingon"}).encode(), 400, "unsupported_language", "language"),
         ("POST", speech, json.dumps({**good, "response_format": "aac"}).encode(), 400, "unsupported_response_format",
          "response_format"),
-        ("POST", speech, json.dumps({**good, "speed": 1.5}).encode(), 400, "unsupported_speed", "speed"),
+        ("POST", speech, json.dumps({**good, "speed": 5}).encode(), 400, "bad_payload", "speed"),
         ("POST", speech, json.dumps({**good, "input": "x" * 5000}).encode(), 413, "request_too_large", None),
         ("GET", speech, None, 405, "method_not_allowed", None),
         ("GET", "/v1/nothing-here", None, 404, "not_found", None),
@@ -271,7 +271,13 @@ async def test_errors_are_openai_error_json(tmp_path: Path, mosquitto: Mosquitto
             async with http.post(speech, json=good, headers=headers) as r:
                 assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
         async with http.get("/health") as r:  # probes need no token
-            assert r.status == 200 and await r.json() == {"status": "ok"}
+            assert r.status == 200 and await r.json() == {"status": "ok", "phase": "serving"}
+        async with http.get("/ready") as r:
+            assert r.status == 200 and (await r.json())["ready"] is True
+        async with http.get("/metrics") as r:  # the metrics do (on the API's port)
+            assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
+        async with http.get("/metrics", headers=auth) as r:
+            assert r.status == 200 and "s2s_requests_total" in await r.text()
         # the SDK maps them onto its exceptions
         async with api.client("sk-wrong") as client:
             with pytest.raises(openai.AuthenticationError):
@@ -308,8 +314,12 @@ async def test_models_voices_health_and_the_drain(tmp_path: Path, mosquitto: Mos
                     if not data:
                         api.daemon.request_stop()  # SIGTERM mid-stream: this response still ends whole
                         await asyncio.sleep(0.05)
-                        async with http.get("/health") as r:
-                            assert r.status == 503 and await r.json() == {"status": "draining"}
+                        async with http.get("/health") as r:  # alive
+                            assert r.status == 200 and await r.json() == {"status": "ok", "phase": "draining"}
+                        async with http.get("/ready") as r:  # and out of rotation
+                            body = await r.json()
+                            assert r.status == 503 and body["phase"] == "draining"
+                            assert body["not_ready"] == ["accepting"] and "draining" in body["reason"]
                     data += piece
     assert len(data) == 2 * tone_samples(text)
 

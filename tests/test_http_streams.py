@@ -14,7 +14,7 @@ import pytest
 from tests.support.broker import Mosquitto, free_port
 from tests.support.daemon import DaemonProcess, write_config
 from tests.support.mqtt import recorder
-from tests.test_http_speech import tone_samples, wait_listening
+from tests.test_http_speech import tone_samples, wait_ready
 
 MS_PER_CHAR = 1000.0
 FIRST = "x" * 300
@@ -36,7 +36,7 @@ async def test_a_second_speech_request_is_answered_beside_the_first(
     try:
         async with recorder(mosquitto.port) as rec:
             proc.start()
-            await wait_listening(port, 30)
+            await wait_ready(port, 30)
             client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0, timeout=30)
             async with (
                 client,

@@ -287,7 +287,7 @@ async def test_http_speaks_a_library_voice_on_mlx_and_a_broken_one_is_named(
     openai = pytest.importorskip("openai")
     from tests.support.broker import free_port
     from tests.support.daemon import daemon_in_process, write_config
-    from tests.test_http_speech import wait_listening
+    from tests.test_http_speech import wait_ready
 
     root = tmp_path / "voices"
     _voice(root, "alice")
@@ -309,7 +309,7 @@ async def test_http_speaks_a_library_voice_on_mlx_and_a_broken_one_is_named(
         http={"enabled": True, "port": port},
     )
     async with daemon_in_process(config):
-        await wait_listening(port, timeout_s=120)
+        await wait_ready(port, timeout_s=120)
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=120)
         async with client:
             sizes = []

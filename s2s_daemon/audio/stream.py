@@ -4,7 +4,8 @@ An intake that answers with audio instead of the speaker builds its request with
 ``output=CallerStream()``, submits it like any other, and reads ``stream.chunks(job.done)``:
 the playback stage plays it as an ``AudioOutput`` beside the speaker, the engine and the queue
 are shared with every other request, and the ledger (``Dispatcher``) reports it like the rest.
-A caller that goes away calls ``abandon()`` and cancels its job.
+A caller that goes away calls ``abandon()`` and cancels its job. A caller that asked for another
+``speed`` gets the audio time-stretched as it comes (``audio/stretch.py``, off the event loop).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 from s2s_daemon.audio.sink import apply_volume
+from s2s_daemon.audio.stretch import ThreadedStretcher, needs_stretch
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, Utterance
 from s2s_daemon.pipeline.vocabulary import Samples
@@ -35,27 +37,43 @@ class CallerStream:
 
     name = "caller"
 
-    def __init__(self, buffer_chunks: int = BUFFER_CHUNKS) -> None:
+    def __init__(self, buffer_chunks: int = BUFFER_CHUNKS, speed: float = 1.0) -> None:
         self._chunks: Channel[Samples] = Channel(buffer_chunks, Overflow.BLOCK, "caller")
         self.sample_rate: int | None = None
         """Hertz of the chunks, known once playback began."""
+        self.speed = speed
+        """Playback speed the caller asked for (0.25..4.0; pitch kept): 1.0 is the model's own pace."""
 
     async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport:
         self.sample_rate = utterance.sample_rate
+        stretcher = ThreadedStretcher(self.speed, utterance.sample_rate) if needs_stretch(self.speed) else None
         first: float | None = None
         samples = 0
+
+        async def deliver(chunk: Samples) -> bool:
+            """Hand ``chunk`` to the caller; False once the caller is gone."""
+            nonlocal first, samples
+            if not len(chunk):
+                return True
+            try:
+                await self._chunks.put(apply_volume(chunk, utterance.request.volume))
+            except ChannelClosed:  # abandoned: the caller is gone
+                return False
+            if first is None:
+                first = time.monotonic()
+                on_first_sample(first)
+            samples += len(chunk)
+            return True
+
         try:
             async for chunk in utterance.chunks:
-                if not len(chunk):
-                    continue
-                try:
-                    await self._chunks.put(apply_volume(chunk, utterance.request.volume))
-                except ChannelClosed:  # abandoned: the caller is gone
+                if stretcher is not None and len(chunk):
+                    chunk = await stretcher.process(chunk)
+                if not await deliver(chunk):
                     break
-                if first is None:
-                    first = time.monotonic()
-                    on_first_sample(first)
-                samples += len(chunk)
+            else:  # the utterance ended (not the caller): the stretcher's rest
+                if stretcher is not None:
+                    await deliver(await stretcher.finish())
         finally:
             self._chunks.close()
         end = time.monotonic() if first is not None else None

@@ -218,6 +218,8 @@ class RequestJournal:
         self._row = 0
         self.commits = 0
         self.failures = 0
+        self.on_commit: Callable[[float], None] | None = None
+        """Called with the seconds each commit of a batch took (on the thread that committed it)."""
 
     # -- opening -----------------------------------------------------------------------
 
@@ -357,6 +359,7 @@ class RequestJournal:
                 return "the journal is closed"
             if not statements:
                 return None
+            started = time.monotonic()
             try:
                 db.execute("BEGIN")
                 for sql, args in statements:
@@ -369,6 +372,8 @@ class RequestJournal:
                     except sqlite3.Error as again:
                         return f"{exc}; rollback: {again}"
                 return str(exc)
+            if self.on_commit is not None:
+                self.on_commit(time.monotonic() - started)
             return None
 
     def _settle(self, batch: _Batch, error: str | None) -> None:

@@ -87,6 +87,9 @@ class EngineThread(concurrent.futures.Executor):
             queue.SimpleQueue()
         )
         self._closed = False
+        self._busy_lock = threading.Lock()
+        self._busy_s = 0.0
+        self._running_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -95,10 +98,28 @@ class EngineThread(concurrent.futures.Executor):
             future, fn = item
             if not future.set_running_or_notify_cancel():
                 continue
+            started = time.monotonic()
+            with self._busy_lock:
+                self._running_since = started
             try:
-                future.set_result(fn())
+                result = fn()
             except BaseException as exc:  # handed to the awaiting coroutine, which re-raises it
+                self._idle(started)
                 future.set_exception(exc)
+            else:
+                self._idle(started)  # before the caller wakes: what it reads next is final
+                future.set_result(result)
+
+    def _idle(self, started: float) -> None:
+        with self._busy_lock:
+            self._busy_s += time.monotonic() - started
+            self._running_since = None
+
+    def busy_s(self) -> float:
+        """Seconds spent in calls so far, the one running included (never decreases)."""
+        with self._busy_lock:
+            since = self._running_since
+            return self._busy_s + (time.monotonic() - since if since is not None else 0.0)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
         if self._closed:
@@ -584,6 +605,10 @@ class EngineWorker:
         self._watches: set[asyncio.Task[None]] = set()
         self._sample_rate = int(getattr(getattr(engine, "info", None), "sample_rate", 0) or 24000)
         """The engine's output rate (``load``): a paced stream's audio seconds from its samples."""
+
+    def busy_s(self) -> float:
+        """Seconds the engine thread spent in engine calls since it started (``s2s_engine_busy_seconds_total``)."""
+        return self._pool.busy_s()
 
     async def _call(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()

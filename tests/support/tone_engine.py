@@ -2,7 +2,8 @@
 
 Never reachable from a shipped config: only processes that call ``register()`` know it.
 Options (``tts.options``): ``speed`` = multiple of real time (0 = as fast as possible),
-``ms_per_char`` = audio per character, ``load_s`` = simulated load time.
+``ms_per_char`` = audio per character, ``load_s`` = simulated load time, ``load_gate`` = a file
+whose existence ends the load (a test holds the daemon in its loading phase as long as it likes).
 A text containing ``#fail`` raises inside synthesis (an engine error). Hangs, after the first
 chunk: ``#stall=S`` sleeps S seconds (ignoring ``should_stop`` meanwhile, as a stuck device would),
 then goes on; ``#hang`` blocks until ``HANG_RELEASE`` is set (in a subprocess: never, a wedged
@@ -16,6 +17,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
@@ -54,9 +56,13 @@ class ToneEngine:
         self.speed = float(options.extra.get("speed", "0"))
         self.ms_per_char = float(options.extra.get("ms_per_char", "40"))
         self.load_s = float(options.extra.get("load_s", "0"))
+        gate = options.extra.get("load_gate")
+        self.load_gate = Path(gate) if gate else None
 
     def load_blocking(self) -> EngineInfo:
         time.sleep(self.load_s)
+        while self.load_gate is not None and not self.load_gate.exists():
+            time.sleep(0.02)
         return EngineInfo(
             engine="tone",
             model=self.options.model,

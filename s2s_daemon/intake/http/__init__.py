@@ -1,8 +1,10 @@
 """The OpenAI-compatible speech API: ``POST /v1/audio/speech`` and friends, served by aiohttp in
-the daemon's event loop (``http.enabled``).
+the daemon's event loop (``http.enabled``); and the monitor listener (``monitor.enabled``:
+``/health``, ``/ready``, ``/metrics``), which the API's port serves too.
 
-Its packages are the ``http`` extra. This module imports none of them, so that a missing extra
-is a clear exit 69 before the model loads; ``server`` and ``encoders`` import them.
+Their packages are the ``http`` extra. This module imports none of them, so that a missing extra
+is a clear exit 69 before the model loads; ``server``, ``monitor`` and ``encoders`` import them.
+Both listeners start before the model loads: probes answer while it loads.
 """
 
 from __future__ import annotations
@@ -10,14 +12,12 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
-from s2s_daemon.config import HttpConfig
+from s2s_daemon.config import HttpConfig, MonitorConfig
 from s2s_daemon.errors import UnavailableError
 
 if TYPE_CHECKING:
+    from s2s_daemon.intake.http.monitor import MetricsSource, MonitorServer, ReadinessSource
     from s2s_daemon.intake.http.server import HttpSpeechServer
-    from s2s_daemon.intake.schemas import IntakeRules
-    from s2s_daemon.pipeline.jobs import Dispatcher
-    from s2s_daemon.pipeline.vocabulary import EngineInfo
 
 EXTRA_MODULES = ("aiohttp", "soundfile", "lameenc")
 """What the ``http`` extra installs (pyproject.toml)."""
@@ -35,15 +35,40 @@ def require_http_extra(config: HttpConfig) -> None:
         )
 
 
+def require_monitor_extra(config: MonitorConfig) -> None:
+    """Raise ``UnavailableError`` (exit 69) when the monitor listener is enabled without aiohttp."""
+    if config.enabled and importlib.util.find_spec("aiohttp") is None:
+        raise UnavailableError(
+            "monitor.enabled needs the http extra (aiohttp not installed):"
+            " pip install 's2s-daemon[http]' (in a checkout: pip install -e '.[http]')"
+        )
+
+
 async def open_http_server(
-    config: HttpConfig, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo
+    config: HttpConfig, readiness: ReadinessSource, metrics: MetricsSource
 ) -> HttpSpeechServer | None:
-    """The started server (listening), or None when ``http.enabled`` is false."""
+    """The started server (listening; its speech answers 503 until ``attach``), or None when
+    ``http.enabled`` is false."""
     if not config.enabled:
         return None
     require_http_extra(config)
+    from s2s_daemon.intake.http.monitor import MonitorRoutes
     from s2s_daemon.intake.http.server import HttpSpeechServer
 
-    server = HttpSpeechServer(config, dispatcher, rules, info)
+    server = HttpSpeechServer(config, MonitorRoutes(readiness, metrics))
+    await server.start()
+    return server
+
+
+async def open_monitor_server(
+    config: MonitorConfig, readiness: ReadinessSource, metrics: MetricsSource
+) -> MonitorServer | None:
+    """The started monitor listener, or None when ``monitor.enabled`` is false."""
+    if not config.enabled:
+        return None
+    require_monitor_extra(config)
+    from s2s_daemon.intake.http.monitor import MonitorRoutes, MonitorServer
+
+    server = MonitorServer(config, MonitorRoutes(readiness, metrics))
     await server.start()
     return server

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
+from s2s_daemon.audio.stretch import SPEED_RANGE, StretchUnavailableError, needs_stretch, require_stretch
 from s2s_daemon.intake.http.encoders import FORMATS
 from s2s_daemon.intake.schemas import IntakeRules, decode_json_object
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
@@ -21,7 +22,6 @@ OPENAI_VOICES = frozenset(
 is none of the daemon's voices is ``unknown_voice``."""
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 """Listed by ``/v1/models`` beside the daemon's model; ``model`` itself is accepted and ignored."""
-SPEED_RANGE = (0.25, 4.0)
 STREAM_FORMATS = ("audio", "sse")
 PARAM_OF_CODE = {
     ErrorCode.EMPTY_TEXT: "input",
@@ -81,6 +81,7 @@ class SpeechPayload(BaseModel):
     """The request's ``instruct`` (style for CustomVoice, description for VoiceDesign)."""
     response_format: StrictStr = "mp3"
     speed: float = Field(1.0, allow_inf_nan=False)
+    """Playback speed, 0.25..4.0: the audio is time-stretched as it streams, its pitch kept."""
     stream_format: StrictStr = "audio"
     language: StrictStr | None = None
     """Ours: ``auto``, the model's names or codes (``en``, ``de-DE``); default ``tts.language``."""
@@ -115,14 +116,17 @@ def parse_speech(body: bytes) -> SpeechPayload:
         )
     low, high = SPEED_RANGE
     if not low <= speech.speed <= high:
-        raise ApiError(400, f"speed must be between {low} and {high}", code="bad_payload", param="speed")
-    if abs(speech.speed - 1.0) > 1e-6:
         raise ApiError(
             400,
-            f"speed {speech.speed}: this model speaks at its own pace; only 1.0 is supported",
-            code="unsupported_speed",
+            f"speed {speech.speed:g} is out of range: it must be between {low:g} and {high:g} (1.0: the model's pace)",
+            code="bad_payload",
             param="speed",
         )
+    if needs_stretch(speech.speed):
+        try:
+            require_stretch()
+        except StretchUnavailableError as exc:
+            raise ApiError(400, f"speed {speech.speed:g}: {exc}", code="unsupported_speed", param="speed") from exc
     return speech.model_copy(update={"response_format": fmt})
 
 

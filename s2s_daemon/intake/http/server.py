@@ -3,6 +3,9 @@
 A speech request becomes a say request like MQTT's (same rules, queue, engine and ledger, origin
 ``http``) whose audio goes back to the caller (``CallerStream``) instead of the speaker. Bytes go
 out as they are synthesized; a client that disconnects stops its synthesis.
+
+It listens before the model loads, so that ``/health`` and ``/ready`` answer meanwhile; the API's
+own paths answer 503 ``model_loading`` until the daemon ``attach``es its pipeline.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import ipaddress
 import json
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +40,7 @@ from s2s_daemon.intake.http.api import (
     with_openai_names,
 )
 from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, WavEncoder, encoder_factory
+from s2s_daemon.intake.http.monitor import MonitorRoutes
 from s2s_daemon.intake.schemas import IntakeRules, parse_say, resolve_voice
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import ErrorCode, Status
@@ -50,8 +55,10 @@ FRAMES_PER_S = 12.5
 ENCODER_THREADS = 2
 FIRST_SLICE_S = 0.08
 """Seconds of a response's first chunk that a costly encoder (mp3, opus) encodes and sends alone."""
-OPEN_PATHS = frozenset({"/health"})
-"""Served without the bearer token (probes)."""
+OPEN_PATHS = frozenset({"/health", "/ready"})
+"""Served without the bearer token (probes); ``/metrics`` needs it when there is one."""
+LOADING_RETRY_S = 5
+"""``Retry-After`` of the API's answers while the model loads."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -104,24 +111,63 @@ class ThreadedEncoder:
             self.encoder.close()
 
 
-class HttpSpeechServer:
-    """``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/audio/voices``, ``GET /health``.
+@dataclass(frozen=True, slots=True)
+class _Pipeline:
+    """What the API serves with, once the model is loaded."""
 
-    The constructor does no I/O; ``start`` reads the key and listens, ``serve`` runs until it is
-    cancelled (the daemon's drain, after the queue is answered), then closes.
+    dispatcher: Dispatcher
+    rules: IntakeRules
+    info: EngineInfo
+
+
+class HttpSpeechServer:
+    """``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/audio/voices``, and the monitor's
+    ``GET /health``, ``/ready``, ``/metrics``.
+
+    The constructor does no I/O; ``start`` reads the key and listens (before the model loads),
+    ``attach`` hands it the pipeline, ``serve`` runs until it is cancelled (the daemon's drain,
+    after the queue is answered), then closes.
     """
 
-    def __init__(self, config: HttpConfig, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo) -> None:
+    def __init__(self, config: HttpConfig, monitor: MonitorRoutes) -> None:
         self.config = config
-        self.dispatcher = dispatcher
-        self.rules = rules
-        self.info = info
+        self.monitor = monitor
+        self._pipeline: _Pipeline | None = None
         self.port: int | None = None
         """The port listened on, once started."""
         self._api_key: str | None = None
         self._runner: web.AppRunner | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._created = int(time.time())
+
+    # -- what it serves with -------------------------------------------------------------
+
+    def attach(self, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo) -> None:
+        """The model is loaded: serve speech with this pipeline."""
+        self._pipeline = _Pipeline(dispatcher, rules, info)
+
+    def _attached(self) -> _Pipeline:
+        if self._pipeline is None:
+            raise ApiError(
+                503,
+                "the model is loading; try again shortly (GET /ready says when it is ready)",
+                kind="server_error",
+                code="model_loading",
+                headers={"Retry-After": str(LOADING_RETRY_S)},
+            )
+        return self._pipeline
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self._attached().dispatcher
+
+    @property
+    def rules(self) -> IntakeRules:
+        return self._attached().rules
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._attached().info
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -143,7 +189,7 @@ class HttpSpeechServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_get("/v1/audio/voices", self._voices)
-        app.router.add_get("/health", self._health)
+        self.monitor.add_to(app)  # /health, /ready, /metrics
         return app
 
     async def start(self) -> None:
@@ -249,11 +295,6 @@ class HttpSpeechServer:
             }
         )
 
-    async def _health(self, request: web.Request) -> web.Response:
-        if not self.dispatcher.accepting:
-            return web.json_response({"status": "draining"}, status=503)
-        return web.json_response({"status": "ok"})
-
     # -- speech ------------------------------------------------------------------------
 
     async def _speech(self, request: web.Request) -> web.StreamResponse:
@@ -265,7 +306,7 @@ class HttpSpeechServer:
         if parsed.error is not None:
             self.dispatcher.reject(parsed.request, parsed.error.code, parsed.error.message)
             raise invalid_request(parsed.error)
-        stream = CallerStream()
+        stream = CallerStream(speed=speech.speed)
         job = self.dispatcher.submit(dataclasses.replace(parsed.request, output=stream))
         with structlog.contextvars.bound_contextvars(request_id=job.request.id):
             return await self._respond(request, speech, job, stream)
