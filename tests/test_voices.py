@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from s2s_daemon.cli import main
+from s2s_daemon.errors import EXIT_CONFIG
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
 from s2s_daemon.pipeline.voices import VoiceKind, VoiceLibrary, default_cache_dir, default_voices_dir
 
@@ -129,6 +130,26 @@ def test_voices_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main([*base, "remove", "bob", "--dir", str(root)]) == 0
     assert not (root / "bob").exists() and (root / "narrator").is_dir()
     assert main([*base, "remove", "bob", "--dir", str(root)]) != 0
+
+
+def test_voices_rename_and_names_that_differ_only_in_case(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "voices"
+    base = ["voices"]
+    assert main([*base, "add", "bob", "--instruct", "A calm voice.", "--dir", str(root)]) == 0
+    assert main([*base, "add", "carol", "--instruct", "A bright voice.", "--dir", str(root)]) == 0
+    # Requests match names in any case: a second voice called Bob could not be told from bob.
+    capsys.readouterr()
+    assert main([*base, "add", "Bob", "--instruct", "Another.", "--dir", str(root)]) == EXIT_CONFIG
+    assert "as 'bob'" in capsys.readouterr().err
+    assert main([*base, "rename", "bob", "Carol", "--dir", str(root)]) != 0  # carol's, in another case
+    assert "as 'carol'" in capsys.readouterr().err
+    assert main([*base, "rename", "bob", "../evil", "--dir", str(root)]) != 0
+    assert main([*base, "rename", "nobody", "dave", "--dir", str(root)]) != 0
+    assert main([*base, "rename", "bob", "Bob", "--dir", str(root)]) == 0  # its own name in another case
+    assert main([*base, "rename", "Bob", "dave", "--dir", str(root)]) == 0
+    assert sorted(p.name for p in root.iterdir()) == ["carol", "dave"]
+    assert (root / "dave" / "instruct.txt").read_text(encoding="utf-8").strip() == "A calm voice."
+
 
 
 # -- the torch engine: clone prompts computed once --------------------------------------
