@@ -15,6 +15,7 @@ from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.config import DaemonConfig
 from s2s_daemon.errors import EXIT_FAILURE, EXIT_NOPERM, EXIT_OK, EXIT_SOFTWARE, UnavailableError
 from s2s_daemon.events.discovery import HaDiscovery
+from s2s_daemon.events.live import LiveFeed
 from s2s_daemon.events.memory import memory_payload
 from s2s_daemon.events.publisher import MqttEvents, now_ms
 from s2s_daemon.intake.http import open_http_server, require_http_extra
@@ -185,8 +186,10 @@ class Daemon:
         durable = (
             DurableEvents(journal, lambda: pipeline.ledger, lambda m: link.publish(m)) if journal is not None else None
         )
+        publish = durable.publish if durable is not None else (lambda m: link.publish(m))
+        feed = LiveFeed(self.topics) if cfg.http.enabled else None  # the web page's live view
         events = MqttEvents(
-            publish=durable.publish if durable is not None else (lambda m: link.publish(m)),
+            publish=feed.tap(publish) if feed is not None else publish,
             topics=self.topics,
             info=info,
             qos=cfg.mqtt.qos,
@@ -231,7 +234,7 @@ class Daemon:
         )
         link.prepare()
         wyoming = await self._open_wyoming(ledger, rules, info)
-        http = await open_http_server(cfg.http, ledger, rules, info)  # listening (port taken: 69); None when off
+        http = await open_http_server(cfg.http, ledger, rules, info, feed)  # listening (port taken: 69); None when off
         vad = await self._open_vad(ledger, events, gate)
         return _Wiring(pipeline, events, link, wyoming, http, vad, durable, intake.pool, intake.streams)
 

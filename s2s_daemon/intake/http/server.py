@@ -24,6 +24,7 @@ from aiohttp import web
 from s2s_daemon.audio.stream import CallerStream
 from s2s_daemon.config import HttpConfig
 from s2s_daemon.errors import ConfigError, UnavailableError
+from s2s_daemon.events.live import LiveFeed
 from s2s_daemon.intake.http.api import (
     MODEL_ALIASES,
     ApiError,
@@ -34,6 +35,7 @@ from s2s_daemon.intake.http.api import (
     unanswered,
 )
 from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, encoder_factory
+from s2s_daemon.intake.http.web import WebPage
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import Status
@@ -103,17 +105,28 @@ class ThreadedEncoder:
 
 
 class HttpSpeechServer:
-    """``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/audio/voices``, ``GET /health``.
+    """``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/audio/voices``, ``GET /health``, and
+    the web page (``web``) that ``feed`` gives its live view.
 
     The constructor does no I/O; ``start`` reads the key and listens, ``serve`` runs until it is
     cancelled (the daemon's drain, after the queue is answered), then closes.
     """
 
-    def __init__(self, config: HttpConfig, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo) -> None:
+    def __init__(
+        self,
+        config: HttpConfig,
+        dispatcher: Dispatcher,
+        rules: IntakeRules,
+        info: EngineInfo,
+        feed: LiveFeed | None = None,
+    ) -> None:
         self.config = config
         self.dispatcher = dispatcher
         self.rules = rules
         self.info = info
+        self.feed = feed
+        self.open_paths = set(OPEN_PATHS)
+        """Served without the bearer token: ``OPEN_PATHS`` and the web page's own files."""
         self.port: int | None = None
         """The port listened on, once started."""
         self._api_key: str | None = None
@@ -142,6 +155,7 @@ class HttpSpeechServer:
         app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_get("/v1/audio/voices", self._voices)
         app.router.add_get("/health", self._health)
+        self.open_paths |= WebPage(self).add_routes(app)
         return app
 
     async def start(self) -> None:
@@ -192,7 +206,7 @@ class HttpSpeechServer:
         @web.middleware
         async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
             try:
-                if request.path not in OPEN_PATHS:
+                if request.path not in self.open_paths:
                     self._authorize(request)
                 return await handler(request)
             except ApiError as exc:
