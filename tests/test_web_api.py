@@ -117,6 +117,8 @@ async def test_the_page_is_public_and_every_data_call_needs_the_key(
             assert page.status == 200 and page.content_type == "text/html"
             assert "default-src 'self'" in page.headers["Content-Security-Policy"]
             html = await page.text()
+        async with anonymous.get("/api/auth") as auth:
+            assert await auth.json() == {"key_required": True}
         linked = set(re.findall(r'(?:src|href)="(/static/[^"]+)"', html))
         imported = {
             f"/static/{m}" for p in static_dir().glob("*.js") for m in re.findall(r'from "\./([^"]+)"', p.read_text())
@@ -323,8 +325,8 @@ async def test_the_event_stream_carries_what_mqtt_carries(
 
 
 async def test_status_shows_the_request_in_hand_and_stop_stops_it(tmp_path: Path, mosquitto: Mosquitto) -> None:
-    slow = {"tts": {"options": {"speed": "1"}}}  # the tone engine in real time: 4 s for 100 characters
-    async with speech_api(tmp_path, mosquitto, **slow) as api:
+    slow = {"options": {"speed": "1"}}  # the tone engine in real time: 4 s for 100 characters
+    async with speech_api(tmp_path, mosquitto, tts=slow) as api:
         session = aiohttp.ClientSession(api.base_url, headers=AUTH)
         async with session:
             await api.rec.say("s2s/kitchen/tts/say", {"id": "long", "text": "z" * 100, "voice": "Vivian"})

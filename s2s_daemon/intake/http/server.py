@@ -198,6 +198,11 @@ class HttpSpeechServer:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
 
+    @property
+    def auth_required(self) -> bool:
+        """Whether calls need the bearer token (``api_key_file`` is set)."""
+        return self._api_key is not None
+
     # -- middleware: OpenAI's error JSON, the bearer token ------------------------------
 
     def _middleware(self) -> Any:

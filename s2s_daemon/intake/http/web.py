@@ -1,8 +1,9 @@
 """The daemon's web page (``http.enabled``): voices, "try it" and a live view, on the speech API's server.
 
 ``GET /`` and ``/static/*`` are the page (plain HTML, CSS and JavaScript shipped in the package, no
-build step, nothing fetched from elsewhere) and are served without the bearer token; the page asks
-for the key and sends it with every call. Its data calls are authenticated like the API:
+build step, nothing fetched from elsewhere) and are served without the bearer token, as is
+``GET /api/auth`` (whether calls need it); the page asks for the key and sends it with every call.
+Its data calls are authenticated like the API:
 
 - ``GET /api/status``: the engine, the machine, the state, the requests in hand and the recent
   history of latency and memory events;
@@ -118,8 +119,9 @@ class WebPage:
 
     def add_routes(self, app: web.Application) -> frozenset[str]:
         """Register the page, its files and its API; the paths served without the bearer token."""
-        public = {"/"}
+        public = {"/", "/api/auth"}
         app.router.add_get("/", self._page)
+        app.router.add_get("/api/auth", self._auth)
         for path in sorted(static_dir().iterdir()):
             if path.is_file() and path.suffix in STATIC_TYPES and path.name != "index.html":
                 route = f"/static/{path.name}"
@@ -141,6 +143,11 @@ class WebPage:
     async def _static(self, path: Path, request: web.Request) -> web.StreamResponse:
         headers = {**PAGE_HEADERS, "Content-Type": STATIC_TYPES[path.suffix]}
         return web.FileResponse(path, headers=headers)
+
+    async def _auth(self, request: web.Request) -> web.Response:
+        """Whether the page must ask for the key before its first call (a refused call would
+        leave an error in the browser's console)."""
+        return web.json_response({"key_required": self.server.auth_required})
 
     # -- the live view -----------------------------------------------------------------
 

@@ -191,6 +191,7 @@ function remember(id, fields) {
 
 function setStatus(status) {
   page.status = status;
+  $("live-stop").disabled = status.state !== "speaking" && status.state !== "synthesizing";
   for (const badge of [$("state-badge"), $("live-state")]) {
     badge.dataset.state = status.state;
     badge.textContent = status.state;
@@ -275,11 +276,13 @@ function drawPlots() {
       points: memory.map((e) => [(e.ts - now) / 1000, e.deviceAllocatedMiB]),
     });
   }
+  // The whole window once it is full; until then, what there is (at least a minute).
+  const oldest = memory.length ? (memory[0].ts - now) / 1000 : -60;
   drawPlot($("plot-memory"), {
     series,
-    xMin: -MEMORY_WINDOW_MS / 1000,
+    xMin: Math.min(-60, Math.max(-MEMORY_WINDOW_MS / 1000, oldest)),
     xMax: 0,
-    xLabel: (x) => (x > -1 ? "now" : `${Math.round(-x / 60)} min ago`),
+    xLabel: (x) => (x > -1 ? "now" : x > -90 ? `${Math.round(-x)} s ago` : `${Math.round(-x / 60)} min ago`),
     empty: "no memory event yet (telemetry.memory_interval_s)",
   });
 }
@@ -461,6 +464,7 @@ async function playReference(name) {
 const clone = { audio: null, filename: null, recorder: null };
 
 function setCloneAudio(blob, filename) {
+  show($("clone-result"), "");
   clone.audio = blob;
   clone.filename = filename;
   const preview = $("clone-preview");
@@ -717,7 +721,7 @@ async function stopSpeaking() {
 
 // -- start -----------------------------------------------------------------------------------
 
-function start() {
+async function start() {
   for (const button of document.querySelectorAll("nav [role=tab]")) {
     button.addEventListener("click", () => selectTab(button.dataset.tab));
   }
@@ -759,7 +763,14 @@ function start() {
   });
   window.addEventListener("resize", drawPlots);
   fillTryChoices();
-  signedIn();
+  let auth = { key_required: false };
+  try {
+    auth = await (await fetch("/api/auth", { cache: "no-store" })).json();
+  } catch (error) {
+    notice(`The daemon does not answer: ${error.message}`);
+  }
+  if (auth.key_required && !apiKey()) showLogin("");
+  else signedIn();
 }
 
 start();
