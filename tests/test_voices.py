@@ -151,7 +151,6 @@ def test_voices_rename_and_names_that_differ_only_in_case(tmp_path: Path, capsys
     assert (root / "dave" / "instruct.txt").read_text(encoding="utf-8").strip() == "A calm voice."
 
 
-
 # -- the torch engine: clone prompts computed once --------------------------------------
 
 

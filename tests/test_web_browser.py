@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -26,7 +27,7 @@ import numpy as np
 import pytest
 import soundfile
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
@@ -42,7 +43,7 @@ REF_WAV = Path(__file__).parent / "fixtures" / "qwen3_tiny" / "golden" / "ref_es
 REF_TEXT = "Good morning. This is a reference recording for voice cloning."
 KEY = "sk-browser-test-0123"
 MAX_FRAMES = 40
-"""Random weights never end an utterance: 3.2 s of audio per request."""
+"""Random weights seldom end an utterance: at most 3.2 s of audio per request."""
 NOTHING_YET = "\u2013"
 """What the page shows for a figure it does not have yet (an en dash)."""
 WAIT_S = 60.0
@@ -279,20 +280,14 @@ def test_a_voice_recorded_with_the_microphone(page: WebDriver, daemon: Daemon) -
 
 
 def test_try_it_plays_in_the_browser_as_it_streams(page: WebDriver, daemon: Daemon, shots: Path) -> None:
-    add_voice_by_api(daemon, "kitchen")
-    tab(page, "voices")
-    until(page, lambda: listed(page, "kitchen"))
-    tab(page, "try")
+    prepare_try(page, daemon, "mp3")
     text = page.find_element(By.ID, "try-text")
     text.clear()
     text.send_keys("Hello from the browser test.")
-    until(page, lambda: "kitchen" in [o.text for o in Select(page.find_element(By.ID, "try-voice")).options])
-    Select(page.find_element(By.ID, "try-voice")).select_by_value("kitchen")
-    Select(page.find_element(By.ID, "try-format")).select_by_value("mp3")
     click(page, "try-speak")
 
     def stat(key: str) -> str:
-        return str(page.find_element(By.CSS_SELECTOR, f'#try-stats [data-stat="{key}"]').text)
+        return stat_of(page, key)
 
     until(page, lambda: stat("first-audio").endswith(" ms"))  # sound started while it streamed
     buffered = "const a = document.getElementById('player'); return a.buffered.length ? a.buffered.end(0) : 0"
@@ -300,10 +295,91 @@ def test_try_it_plays_in_the_browser_as_it_streams(page: WebDriver, daemon: Daem
     until(page, lambda: page.execute_script("return document.getElementById('player').currentTime") > 0)  # played
     until(page, lambda: stat("rtf") != NOTHING_YET)  # the daemon's latency event for this request
     assert stat("status") == "received" and stat("engine-first").endswith(" ms")
-    assert stat("audio").startswith(f"{MAX_FRAMES * 0.08:.2f} s")
+    assert 0 < audio_s(page) <= MAX_FRAMES * 0.08
     request_id = stat("id")
     assert any(e["id"] == request_id for e in daemon.get("/api/status")["history"]["latency"])
     page.save_screenshot(str(shots / "web-try.png"))
+
+
+def stat_of(driver: WebDriver, key: str) -> str:
+    """A figure of "try it"."""
+    return str(driver.find_element(By.CSS_SELECTOR, f'#try-stats [data-stat="{key}"]').get_attribute("textContent"))
+
+
+def audio_s(driver: WebDriver) -> float:
+    """Seconds of audio the daemon made for the request "try it" sent (random weights may end early)."""
+    return float(stat_of(driver, "audio").split()[0])
+
+
+def prepare_try(driver: WebDriver, daemon: Daemon, fmt: str = "mp3") -> None:
+    add_voice_by_api(daemon, "kitchen")
+    tab(driver, "voices")
+    until(driver, lambda: listed(driver, "kitchen"))
+    tab(driver, "try")
+    until(driver, lambda: "kitchen" in [o.text for o in Select(driver.find_element(By.ID, "try-voice")).options])
+    Select(driver.find_element(By.ID, "try-voice")).select_by_value("kitchen")
+    Select(driver.find_element(By.ID, "try-format")).select_by_value(fmt)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "pcm", "opus"])
+def test_try_it_in_the_other_formats(page: WebDriver, daemon: Daemon, fmt: str) -> None:
+    """wav and pcm stream through Web Audio, opus plays once whole; each ends in the <audio> element."""
+    prepare_try(page, daemon, fmt)
+    click(page, "try-speak")
+    until(page, lambda: stat_of(page, "status") == "received")
+    until(page, lambda: stat_of(page, "first-audio").endswith(" ms"))
+    until(page, lambda: stat_of(page, "audio") != NOTHING_YET)  # the daemon's latency event
+    duration = "return document.getElementById('player').duration"
+    until(page, lambda: abs((page.execute_script(duration) or 0) - audio_s(page)) < 0.1)
+
+
+def test_try_it_on_the_daemons_speaker(page: WebDriver, daemon: Daemon) -> None:
+    prepare_try(page, daemon)
+    speaker = page.find_element(By.ID, "try-speaker")
+    if not speaker.is_selected():
+        click(page, "try-speaker")
+    try:
+        click(page, "try-speak")
+        until(page, lambda: stat_of(page, "status") == "completed")
+        assert stat_of(page, "rtf") != NOTHING_YET and stat_of(page, "first-out").endswith(" ms")
+        request_id = stat_of(page, "id")
+    finally:
+        click(page, "try-speaker")
+    recent = {e["id"] for e in daemon.get("/api/status")["history"]["latency"]}
+    assert request_id in recent
+
+
+def test_a_voice_is_played_renamed_and_removed(page: WebDriver, daemon: Daemon) -> None:
+    add_voice_by_api(daemon, "spare")
+    tab(page, "voices")
+    until(page, lambda: listed(page, "spare"))
+
+    def action(voice: str, name: str) -> None:
+        def clicked() -> bool:  # the list is redrawn when the library changes: find the button afresh
+            try:
+                button = page.find_element(
+                    By.CSS_SELECTOR, f'#voice-list li[data-voice="{voice}"] [data-action="{name}"]'
+                )
+                page.execute_script("arguments[0].scrollIntoView({block: 'center'})", button)
+                button.click()
+            except StaleElementReferenceException:
+                return False
+            return True
+
+        until(page, clicked)
+
+    action("spare", "play")
+    until(page, lambda: "spare: first audio after" in text_of(page, "player-label"))
+    action("spare", "rename")
+    field = page.find_element(By.CSS_SELECTOR, '#voice-list li[data-voice="spare"] input')
+    field.clear()
+    field.send_keys("spare2")
+    action("spare", "save")
+    until(page, lambda: listed(page, "spare2") and not listed(page, "spare"))
+    action("spare2", "remove")
+    action("spare2", "remove")  # the second click confirms
+    until(page, lambda: not listed(page, "spare2"))
+    assert {"spare", "spare2"}.isdisjoint(v["name"] for v in daemon.get("/api/voices")["voices"])
 
 
 def test_the_live_view_shows_a_request_sent_over_mqtt(page: WebDriver, daemon: Daemon, shots: Path) -> None:
@@ -318,7 +394,7 @@ def test_the_live_view_shows_a_request_sent_over_mqtt(page: WebDriver, daemon: D
     until(page, lambda: page.find_elements(By.CSS_SELECTOR, row))
     until(page, lambda: page.find_element(By.CSS_SELECTOR, row).text.split()[1:3] == ["mqtt", "completed"])
     cells = page.find_element(By.CSS_SELECTOR, row).text
-    assert " ms " in cells and f"{MAX_FRAMES * 0.08:.1f} s" in cells
+    assert re.search(r" \d+ ms [\d.]+ [\d.]+ s$", cells), cells  # first audio, RTF, seconds of audio
     until(page, lambda: page.find_element(By.ID, "live-state").text == "idle")
     time.sleep(1.5)  # a memory event or two more on the plot (telemetry.memory_interval_s: 1)
     size = page.get_window_size()

@@ -17,6 +17,7 @@ const RECENT_ROWS = 15;
 const page = {
   snapshot: null,
   voices: null,
+  editing: false, // a rename being typed or a removal to confirm: the list is not redrawn under it
   status: { state: "unknown", queue: 0, currentId: null },
   jobs: [],
   latency: [],
@@ -87,6 +88,7 @@ function selectTab(name) {
     $(`tab-${button.dataset.tab}`).hidden = !selected;
   }
   if (name === "live") drawPlots();
+  else if (page.voices) loadVoices(); // voices added elsewhere (voices add, another page) show up
   history.replaceState(null, "", `#${name}`);
 }
 
@@ -315,8 +317,14 @@ async function loadVoices() {
     failed(error);
     return;
   }
-  renderVoices();
+  if (!page.editing) renderVoices(); // not under a name being typed or a removal to confirm
   fillTryChoices();
+}
+
+/** A voice's rename or removal in progress (true) or over (false): the list waits for it. */
+function editing(busy) {
+  page.editing = busy;
+  if (!busy && page.voices) renderVoices();
 }
 
 function renderVoices() {
@@ -378,13 +386,10 @@ function removeButton(name) {
   const button = el("button", { type: "button", class: "small danger", "data-action": "remove" }, "Remove");
   button.addEventListener("click", async () => {
     if (!armed) {
+      page.editing = true;
       button.classList.add("armed");
       button.textContent = "Really remove?";
-      armed = setTimeout(() => {
-        armed = null;
-        button.classList.remove("armed");
-        button.textContent = "Remove";
-      }, 5000);
+      armed = setTimeout(() => editing(false), 5000);
       return;
     }
     clearTimeout(armed);
@@ -394,6 +399,7 @@ function removeButton(name) {
     } catch (error) {
       failed(error);
     }
+    page.editing = false;
     loadVoices();
   });
   return button;
@@ -405,16 +411,18 @@ function startRename(item, name) {
     try {
       await api(`/api/voices/${encodeURIComponent(name)}`, { method: "PATCH", json: { name: input.value.trim() } });
       notice("");
+      page.editing = false;
       loadVoices();
     } catch (error) {
-      failed(error);
+      failed(error); // the field stays for another try
     }
   };
+  page.editing = true;
   const actions = item.querySelector(".voice-actions");
   actions.replaceChildren(
     input,
     el("button", { type: "button", class: "small", "data-action": "save", onclick: save }, "Save"),
-    el("button", { type: "button", class: "small secondary", onclick: () => renderVoices() }, "Cancel"),
+    el("button", { type: "button", class: "small secondary", onclick: () => editing(false) }, "Cancel"),
   );
   input.addEventListener("keydown", (event) => event.key === "Enter" && save());
   input.focus();
