@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import io
 import json
 import re
+import tomllib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,18 @@ async def test_the_page_is_public_and_every_data_call_needs_the_key(
             assert outside.status in (401, 404) and missing.status in (401, 404)
 
 
+def test_the_page_files_are_package_data() -> None:
+    """A wheel without them would serve a page that cannot load its script."""
+    repo = Path(__file__).resolve().parents[1]
+    data = tomllib.loads((repo / "pyproject.toml").read_text(encoding="utf-8"))
+    globs = data["tool"]["setuptools"]["package-data"]["s2s_daemon"]
+    files = sorted(p.name for p in static_dir().iterdir())
+    assert "index.html" in files and "app.js" in files
+    for name in files:
+        path = f"intake/http/static/{name}"
+        assert any(fnmatch.fnmatch(path, g) for g in globs), f"pyproject.toml: package-data must include {path}"
+
+
 # -- the voice library ---------------------------------------------------------------------
 
 
@@ -243,6 +257,11 @@ async def test_a_model_that_cannot_clone_says_so_and_keeps_the_voice(
 async def test_a_designed_voice_from_an_instruction(tmp_path: Path, mosquitto: Mosquitto, recording: list[Any]) -> None:
     instruct = "A warm, low voice, speaking slowly."
     async with web_api(tmp_path, mosquitto, mode="voice_design") as (_, session):
+        # The page's "Listen first": the instruction spoken before the voice is kept (no voice named).
+        first = {"model": "tts-1", "input": "Hello.", "instructions": "A first try.", "response_format": "pcm"}
+        async with session.post("/v1/audio/speech", json=first) as tried:
+            assert tried.status == 200
+            await tried.read()
         async with session.post("/api/voices", json={"name": "narrator", "instruct": instruct}) as added:
             assert added.status == 201, await added.text()
             answer = await added.json()
@@ -256,7 +275,7 @@ async def test_a_designed_voice_from_an_instruction(tmp_path: Path, mosquitto: M
             await spoken.read()
         async with session.post("/api/voices", json={"name": "x", "instruct": 5}) as bad:
             assert bad.status == 400 and (await _error(bad))["param"] == "instruct"
-    assert recording[-1].instruct == instruct
+    assert [r.instruct for r in recording] == ["A first try.", instruct]
 
 
 async def test_rename_and_remove(tmp_path: Path, mosquitto: Mosquitto, recording: list[Any]) -> None:
