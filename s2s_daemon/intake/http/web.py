@@ -163,7 +163,9 @@ class WebPage:
         state, current = self.dispatcher.state()
         return {"state": state, "queue": len(self.dispatcher.queue), "currentId": current}
 
-    async def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, machine_info: dict[str, Any]) -> dict[str, Any]:
+        """Everything the live view shows, now (built without a pause: no event falls between it and
+        a subscription made just before)."""
         info = self.server.info
         feed = self.server.feed
         return {
@@ -180,7 +182,7 @@ class WebPage:
                 "languages": list(info.languages),
             },
             "formats": list(FORMATS),
-            "machine": await asyncio.to_thread(machine),
+            "machine": machine_info,
             "state": self.state(),
             "jobs": self.jobs(),
             "history": feed.history() if feed is not None else {"latency": [], "memory": []},
@@ -188,7 +190,7 @@ class WebPage:
         }
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(await self.snapshot())
+        return web.json_response(self.snapshot(await asyncio.to_thread(machine)))
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         feed = self.server.feed
@@ -196,13 +198,14 @@ class WebPage:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         )
         await response.prepare(request)
+        machine_info = await asyncio.to_thread(machine)
         try:
             if feed is None:  # no live events (a server built without the feed): the snapshot only
-                await _send(response, "snapshot", await self.snapshot())
+                await _send(response, "snapshot", self.snapshot(machine_info))
                 await response.write_eof()
                 return response
             with feed.subscribe() as subscription:
-                await _send(response, "snapshot", await self.snapshot())
+                await _send(response, "snapshot", self.snapshot(machine_info))
                 while True:
                     try:
                         async with asyncio.timeout(KEEPALIVE_S):
