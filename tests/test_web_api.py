@@ -12,6 +12,7 @@ import fnmatch
 import io
 import json
 import re
+import threading
 import tomllib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -378,3 +379,63 @@ async def test_open_event_streams_end_cleanly_when_the_daemon_stops(
             api.daemon.request_stop()
             rest = [kind async for kind, _ in reader]  # read to the end: no ServerDisconnected, no payload error
         assert "snapshot" not in rest
+
+
+async def test_an_event_published_while_a_page_connects_reaches_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot's history and the events after it do not overlap: an event the daemon published
+    while the stream was being opened is in one or the other, not both (a point twice on the plots)."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from s2s_daemon.config import HttpConfig
+    from s2s_daemon.events.live import LiveFeed
+    from s2s_daemon.intake.http import web as web_module
+    from s2s_daemon.intake.http.server import HttpSpeechServer
+    from s2s_daemon.intake.schemas import IntakeRules
+    from s2s_daemon.mqtt.messages import OutMessage
+    from s2s_daemon.mqtt.topics import Topics
+    from s2s_daemon.pipeline.jobs import Dispatcher, Job
+    from s2s_daemon.pipeline.queue import RequestQueue
+    from s2s_daemon.pipeline.vocabulary import EngineInfo
+    from s2s_daemon.pipeline.voices import VoiceLibrary
+
+    class NoEvents:
+        def started(self, job: Job) -> None: ...
+        def finished(self, job: Job) -> None: ...
+        def state_changed(self) -> None: ...
+
+    topics = Topics("s2s", "kitchen")
+    feed = LiveFeed(topics)
+    loop = asyncio.get_running_loop()
+
+    def publish(topic: str, payload: dict[str, Any]) -> None:
+        feed.observe(OutMessage(topic, json.dumps(payload).encode(), 0))
+
+    def machine_while_an_event_comes() -> dict[str, Any]:
+        observed = threading.Event()
+
+        def latency() -> None:
+            publish(topics.latency, {"id": "meanwhile"})
+            observed.set()
+
+        loop.call_soon_threadsafe(latency)
+        assert observed.wait(10)
+        return {"cpu": "test"}
+
+    monkeypatch.setattr(web_module, "machine", machine_while_an_event_comes)
+    info = EngineInfo("tone", "m", "cpu", 24000, voices=("Ryan",))
+    rules = IntakeRules("kitchen", 100, info.voices, info.languages, None, "auto", VoiceLibrary(tmp_path, info.mode))
+    server = HttpSpeechServer(HttpConfig(), Dispatcher(RequestQueue(4), NoEvents(), 16), rules, info, feed)
+    async with TestClient(TestServer(server.app())) as client:
+        response = await client.get("/api/events")
+        reader = aiter(events(response))
+        kind, snapshot = await anext(reader)
+        assert kind == "snapshot" and snapshot["machine"] == {"cpu": "test"}
+        publish(topics.state, {"state": "idle", "queue": 0, "currentId": None})
+        after = [await anext(reader) for _ in range(2)]  # the state, then its jobs
+        response.close()
+    in_history = [e["id"] for e in snapshot["history"]["latency"]]
+    as_events = [p["id"] for k, p in after if k == "latency"]
+    assert in_history + as_events == ["meanwhile"], (in_history, as_events)
+    assert [k for k, _ in after] == ["state", "jobs"]
