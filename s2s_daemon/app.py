@@ -15,10 +15,10 @@ from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.config import DaemonConfig
 from s2s_daemon.errors import EXIT_FAILURE, EXIT_NOPERM, EXIT_OK, EXIT_SOFTWARE, UnavailableError
 from s2s_daemon.events.discovery import HaDiscovery
-from s2s_daemon.events.live import LiveFeed
 from s2s_daemon.events.memory import memory_payload
 from s2s_daemon.events.publisher import MqttEvents, now_ms
 from s2s_daemon.intake.http import open_http_server, require_http_extra
+from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.mqtt import DurableEvents, MqttIntake
 from s2s_daemon.intake.pool import PoolHandBack
 from s2s_daemon.intake.schemas import IntakeRules

@@ -389,8 +389,8 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
     from aiohttp.test_utils import TestClient, TestServer
 
     from s2s_daemon.config import HttpConfig
-    from s2s_daemon.events.live import LiveFeed
     from s2s_daemon.intake.http import web as web_module
+    from s2s_daemon.intake.http.live import LiveFeed
     from s2s_daemon.intake.http.server import HttpSpeechServer
     from s2s_daemon.intake.schemas import IntakeRules
     from s2s_daemon.mqtt.messages import OutMessage

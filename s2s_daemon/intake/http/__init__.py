@@ -14,7 +14,7 @@ from s2s_daemon.config import HttpConfig
 from s2s_daemon.errors import UnavailableError
 
 if TYPE_CHECKING:
-    from s2s_daemon.events.live import LiveFeed
+    from s2s_daemon.intake.http.live import LiveFeed
     from s2s_daemon.intake.http.server import HttpSpeechServer
     from s2s_daemon.intake.schemas import IntakeRules
     from s2s_daemon.pipeline.jobs import Dispatcher

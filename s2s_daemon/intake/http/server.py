@@ -24,7 +24,6 @@ from aiohttp import web
 from s2s_daemon.audio.stream import CallerStream
 from s2s_daemon.config import HttpConfig
 from s2s_daemon.errors import ConfigError, UnavailableError
-from s2s_daemon.events.live import LiveFeed
 from s2s_daemon.intake.http.api import (
     MODEL_ALIASES,
     ApiError,
@@ -35,6 +34,7 @@ from s2s_daemon.intake.http.api import (
     unanswered,
 )
 from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, encoder_factory
+from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.http.web import WebPage
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
 from s2s_daemon.pipeline.jobs import Dispatcher, Job

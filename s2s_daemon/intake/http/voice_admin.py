@@ -5,7 +5,7 @@ loaded model cannot speak, marked so); ``POST`` adds a cloned voice from an uplo
 (multipart ``audio``) or a designed one from an instruction, with the checks ``s2s-daemon voices
 add`` makes (length, clipping, silence; ``dry_run`` checks without saving); ``GET``, ``PATCH``
 (rename) and ``DELETE`` on ``/api/voices/{name}``; ``GET /api/voices/{name}/reference`` is the
-recording. The edits are ``s2s_daemon.tools.voices``'s, run off the event loop one at a time.
+recording. The edits are ``s2s-daemon voices``' (``pipeline.voice_edits``), run off the event loop one at a time.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 from s2s_daemon.intake.http.api import ApiError
 from s2s_daemon.intake.schemas import IntakeRules, decode_json_object, resolve_voice
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, normalize_language
-from s2s_daemon.pipeline.voices import MAX_TEXT_BYTES, LibraryVoice, VoiceKind, VoiceLibrary, read_voice
-from s2s_daemon.tools.voices import (
+from s2s_daemon.pipeline.voice_edits import (
     ReferenceStats,
     VoiceEditError,
     add_voice,
@@ -31,6 +30,7 @@ from s2s_daemon.tools.voices import (
     remove_voice,
     rename_voice,
 )
+from s2s_daemon.pipeline.voices import MAX_TEXT_BYTES, LibraryVoice, VoiceKind, VoiceLibrary, read_voice
 
 MAX_REFERENCE_BYTES = 24 * 1024 * 1024
 """The largest recording accepted: 30 s of 48 kHz stereo float WAV (11.5 MB) fits twice."""

@@ -34,9 +34,9 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from s2s_daemon import __version__
-from s2s_daemon.events.live import LiveEvent
 from s2s_daemon.intake.http.api import ApiError, invalid_request, unanswered
 from s2s_daemon.intake.http.encoders import FORMATS
+from s2s_daemon.intake.http.live import LiveEvent
 from s2s_daemon.intake.http.voice_admin import VoiceAdmin
 from s2s_daemon.intake.schemas import StopPayload, decode_json_object, parse_say
 from s2s_daemon.pipeline.jobs import Dispatcher, Job, Phase
