@@ -149,6 +149,7 @@ def browser(daemon: Daemon) -> Iterator[WebDriver]:
     for argument in (
         "--headless=new",
         "--no-sandbox",  # as root
+        "--disable-dev-shm-usage",  # a container's small /dev/shm would crash its renderer
         "--window-size=1280,1000",
         "--autoplay-policy=no-user-gesture-required",
         "--use-fake-ui-for-media-stream",  # the microphone is allowed without a prompt
