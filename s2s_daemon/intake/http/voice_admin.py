@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import io
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import BodyPartReader, web
 from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
@@ -94,14 +94,31 @@ def _stats(stats: ReferenceStats | None) -> dict[str, float] | None:
     }
 
 
+class PipelineSource(Protocol):
+    """Where the rules and the engine's facts are read, at each request (the speech API's server)."""
+
+    @property
+    def rules(self) -> IntakeRules: ...
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+
 class VoiceAdmin:
     """The ``/api/voices`` endpoints over ``rules.library``. The constructor does no I/O."""
 
-    def __init__(self, rules: IntakeRules, info: EngineInfo) -> None:
-        self.rules = rules
-        self.info = info
+    def __init__(self, source: PipelineSource) -> None:
+        self.source = source
         self._edits = asyncio.Lock()
         """One library edit at a time."""
+
+    @property
+    def rules(self) -> IntakeRules:
+        return self.source.rules
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.source.info
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/api/voices", self._list)

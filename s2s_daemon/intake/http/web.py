@@ -111,7 +111,7 @@ class WebPage:
 
     def __init__(self, server: HttpSpeechServer) -> None:
         self.server = server
-        self.voices = VoiceAdmin(server.rules, server.info)
+        self.voices = VoiceAdmin(server)
 
     @property
     def dispatcher(self) -> Dispatcher:

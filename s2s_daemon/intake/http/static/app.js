@@ -144,6 +144,7 @@ function onEvent(kind, payload) {
       page.memory = payload.history.memory;
       for (const event of page.latency) remember(event.id, { latency: event });
       setConnection("live");
+      if (!page.voices) loadVoices(); // the first answer after the daemon came (back)
       renderEngine();
       fillTryChoices();
       setStatus(payload.state);
