@@ -182,7 +182,9 @@ def page(browser: WebDriver, daemon: Daemon) -> Iterator[WebDriver]:
 
 def until(driver: WebDriver, condition: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
     try:
-        return WebDriverWait(driver, timeout_s, poll_frequency=0.1).until(lambda _: condition())
+        # The page redraws its lists at its events: an element found a moment ago may be gone.
+        wait = WebDriverWait(driver, timeout_s, poll_frequency=0.1, ignored_exceptions=[StaleElementReferenceException])
+        return wait.until(lambda _: condition())
     except TimeoutException:
         raise AssertionError(f"the page did not get there in {timeout_s} s: {condition}") from None
 
@@ -202,6 +204,11 @@ def tab(driver: WebDriver, name: str) -> None:
 def text_of(driver: WebDriver, element_id: str) -> str:
     """The element's text, shown or not (selenium's ``.text`` is empty on a hidden tab)."""
     return str(driver.find_element(By.ID, element_id).get_attribute("textContent"))
+
+
+def choose(driver: WebDriver, select_id: str, value: str) -> bool:
+    Select(driver.find_element(By.ID, select_id)).select_by_value(value)
+    return True
 
 
 def listed(driver: WebDriver, voice: str) -> bool:
@@ -256,12 +263,12 @@ def test_a_voice_added_from_an_uploaded_file_is_listed(
     page.execute_script("arguments[0].scrollIntoView()", page.find_element(By.ID, "clone-card"))
     page.save_screenshot(str(shots / "web-voices-checks.png"))
     page.find_element(By.ID, "clone-text").send_keys(REF_TEXT)
-    Select(page.find_element(By.ID, "clone-language")).select_by_value("english")
+    until(page, lambda: choose(page, "clone-language", "english"))
     click(page, "clone-submit")
     until(page, lambda: "Added kitchen" in text_of(page, "clone-result"))
     until(page, lambda: listed(page, "kitchen"))
-    item = page.find_element(By.CSS_SELECTOR, '#voice-list li[data-voice="kitchen"]')
-    assert "with transcript" in item.text and "english" in item.text
+    item = until(page, lambda: page.find_element(By.CSS_SELECTOR, '#voice-list li[data-voice="kitchen"]').text)
+    assert "with transcript" in item and "english" in item
     assert "kitchen" in [v["id"] for v in daemon.get("/v1/audio/voices")["voices"]]
     page.execute_script("window.scrollTo(0, 0)")
     page.save_screenshot(str(shots / "web-voices.png"))
@@ -318,8 +325,7 @@ def prepare_try(driver: WebDriver, daemon: Daemon, fmt: str = "mp3") -> None:
     until(driver, lambda: listed(driver, "kitchen"))
     tab(driver, "try")
     until(driver, lambda: "kitchen" in [o.text for o in Select(driver.find_element(By.ID, "try-voice")).options])
-    Select(driver.find_element(By.ID, "try-voice")).select_by_value("kitchen")
-    Select(driver.find_element(By.ID, "try-format")).select_by_value(fmt)
+    until(driver, lambda: choose(driver, "try-voice", "kitchen") and choose(driver, "try-format", fmt))
 
 
 @pytest.mark.parametrize("fmt", ["wav", "pcm", "opus"])
@@ -391,12 +397,15 @@ def test_the_live_view_shows_a_request_sent_over_mqtt(page: WebDriver, daemon: D
     until(page, lambda: "CPU" in text_of(page, "live-engine"))
     say = {"id": "from-mqtt", "text": "Dinner is ready.", "voice": "kitchen", "language": "english"}
     paho.mqtt.publish.single("s2s/kitchen/tts/say", json.dumps(say), qos=1, port=daemon.mqtt_port)
-    row = '#live-recent tr[data-id="from-mqtt"]'
-    until(page, lambda: page.find_elements(By.CSS_SELECTOR, row))
-    until(page, lambda: page.find_element(By.CSS_SELECTOR, row).text.split()[1:3] == ["mqtt", "completed"])
-    cells = page.find_element(By.CSS_SELECTOR, row).text
-    assert re.search(r" \d+ ms [\d.]+ [\d.]+ s$", cells), cells  # first audio, RTF, seconds of audio
-    until(page, lambda: page.find_element(By.ID, "live-state").text == "idle")
+
+    def cells() -> list[str]:  # read in one step: the table is redrawn at every event
+        script = "const r = document.querySelector(arguments[0]); return r ? r.innerText : ''"
+        return str(page.execute_script(script, '#live-recent tr[data-id="from-mqtt"]')).split()
+
+    until(page, lambda: cells()[1:3] == ["mqtt", "completed"])
+    row = " ".join(cells())
+    assert re.search(r" \d+ ms [\d.]+ [\d.]+ s$", row), row  # first audio, RTF, seconds of audio
+    until(page, lambda: text_of(page, "live-state") == "idle")
     time.sleep(1.5)  # a memory event or two more on the plot (telemetry.memory_interval_s: 1)
     size = page.get_window_size()
     page.set_window_size(size["width"], 1400)  # the table below the plots too
