@@ -21,6 +21,7 @@ from s2s_daemon.events.metrics import DaemonMetrics, MeteredEvents
 from s2s_daemon.events.publisher import MqttEvents, now_ms
 from s2s_daemon.events.readiness import Phase, Readiness
 from s2s_daemon.intake.http import open_http_server, open_monitor_server, require_http_extra, require_monitor_extra
+from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.mqtt import DurableEvents, MqttIntake
 from s2s_daemon.intake.pool import PoolHandBack
 from s2s_daemon.intake.schemas import IntakeRules
@@ -224,8 +225,10 @@ class Daemon:
         durable = (
             DurableEvents(journal, lambda: pipeline.ledger, lambda m: link.publish(m)) if journal is not None else None
         )
+        publish = durable.publish if durable is not None else (lambda m: link.publish(m))
+        feed = LiveFeed(self.topics) if cfg.http.enabled else None  # the web page's live view
         events = MqttEvents(
-            publish=durable.publish if durable is not None else (lambda m: link.publish(m)),
+            publish=feed.tap(publish) if feed is not None else publish,
             topics=self.topics,
             info=info,
             qos=cfg.mqtt.qos,
@@ -274,7 +277,7 @@ class Daemon:
         self.metrics.watch(queue_depth=lambda: len(pipeline.requests), ready=self.readiness.ready)
         wyoming = await self._open_wyoming(ledger, rules, info)
         if http is not None:
-            http.attach(ledger, rules, info)
+            http.attach(ledger, rules, info, feed)
         vad = await self._open_vad(ledger, events, gate)
         return _Wiring(pipeline, events, link, wyoming, http, vad, durable, intake.pool, intake.streams)
 

@@ -96,6 +96,8 @@ async def speech_api(
     path = write_config(tmp_path / "daemon.yaml", broker.port, http=http, **sections)
     async with recorder(broker.port) as rec, daemon_in_process(path) as daemon:
         await wait_ready(port)
+        # Subscribed too: a say published before the daemon's subscription would be lost.
+        await rec.wait_for(lambda: any(m.payload == b"online" for m in rec.on("/status")), 30)
         yield Api(rec, daemon, port)
 
 

@@ -8,6 +8,7 @@ The committed tiny random checkpoints, on the CPU; every engine is capped at a f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -267,7 +268,8 @@ def _designed_voice(tmp_path: Path) -> None:
         library=library,
     )
     plain = SynthesisRequest(text=TEXT, voice="narrator", language="english", chunk_frames=FRAMES, greedy=True)
-    synth = stage._with_library_voice(plain, "narrator")
+    pins = contextlib.ExitStack()  # a designed voice pins no recording
+    synth = stage._with_library_voice(plain, "narrator", pins)
     assert synth.voice is None and synth.instruct == "A deep, calm voice."
     direct = dataclasses.replace(plain, voice=None, instruct="A deep, calm voice.")
     spoken = _audio(engine, synth)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from s2s_daemon.cli import main
+from s2s_daemon.errors import EXIT_USAGE
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
 from s2s_daemon.pipeline.voices import VoiceKind, VoiceLibrary, default_cache_dir, default_voices_dir
 
@@ -159,6 +161,27 @@ def test_voices_add_says_what_is_wrong_with_the_input(
     assert "it cannot speak a design voice; a VoiceDesign model" in capsys.readouterr().err
 
 
+def test_voices_rename_and_names_that_differ_only_in_case(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "voices"
+    base = ["voices"]
+    assert main([*base, "add", "bob", "--instruct", "A calm voice.", "--dir", str(root)]) == 0
+    assert main([*base, "add", "carol", "--instruct", "A bright voice.", "--dir", str(root)]) == 0
+    # Requests match names in any case: a second voice called Bob could not be told from bob.
+    capsys.readouterr()
+    assert (
+        main([*base, "add", "Bob", "--instruct", "Another.", "--dir", str(root)]) == EXIT_USAGE
+    )  # taken: a usage error
+    assert "as 'bob'" in capsys.readouterr().err
+    assert main([*base, "rename", "bob", "Carol", "--dir", str(root)]) != 0  # carol's, in another case
+    assert "as 'carol'" in capsys.readouterr().err
+    assert main([*base, "rename", "bob", "../evil", "--dir", str(root)]) != 0
+    assert main([*base, "rename", "nobody", "dave", "--dir", str(root)]) != 0
+    assert main([*base, "rename", "bob", "Bob", "--dir", str(root)]) == 0  # its own name in another case
+    assert main([*base, "rename", "Bob", "dave", "--dir", str(root)]) == 0
+    assert sorted(p.name for p in root.iterdir()) == ["carol", "dave"]
+    assert (root / "dave" / "instruct.txt").read_text(encoding="utf-8").strip() == "A calm voice."
+
+
 # -- the torch engine: clone prompts computed once --------------------------------------
 
 
@@ -270,10 +293,11 @@ def test_a_designed_voice_speaks_its_instruction(tmp_path: Path, one_thread: Non
     parsed = parse_say(b'{"text": "Hello there.", "voice": "NARRATOR", "language": "en"}', rules)
     assert parsed.error is None and parsed.request.voice == "narrator"
     plain = SynthesisRequest(text="Hello there.", voice="narrator", language="english", greedy=True)
-    synth = stage._with_library_voice(plain, "narrator")
+    pins = contextlib.ExitStack()  # a designed voice pins no recording
+    synth = stage._with_library_voice(plain, "narrator", pins)
     assert synth.voice is None and synth.instruct == "A deep, calm voice."
     (tmp_path / "narrator" / "voice.yaml").write_text("language: en\ndescription: for stories\n", encoding="utf-8")
-    auto = stage._with_library_voice(dataclasses.replace(plain, language="auto", instruct="Slowly."), "narrator")
+    auto = stage._with_library_voice(dataclasses.replace(plain, language="auto", instruct="Slowly."), "narrator", pins)
     assert auto.language == "english" and auto.instruct == "A deep, calm voice. Slowly."
     direct = SynthesisRequest(
         text="Hello there.", voice=None, language="english", instruct="A deep, calm voice.", greedy=True
@@ -363,3 +387,70 @@ def test_wyoming_describe_lists_library_voices(tmp_path: Path) -> None:
     info = EngineInfo("torch", "tiny", "cpu", 24000, mode="base")
     assert [v.name for v in describe(info, "kitchen", ("alice",)).tts[0].voices] == ["alice"]
     assert [v.name for v in describe(info, "kitchen").tts[0].voices] != ["alice"]
+
+
+# -- a voice renamed or removed while a request speaks it -----------------------------------
+
+
+async def test_a_voice_renamed_while_it_speaks_finishes_its_later_sentences(tmp_path: Path) -> None:
+    """The web page renamed a voice while its sample played: the second sentence read the recording
+    again from a folder that was gone, and the stream failed part-way."""
+    from s2s_daemon.audio.playback import PlaybackStage
+    from s2s_daemon.audio.sink import DiscardSink
+    from s2s_daemon.pipeline.channel import Channel, Overflow
+    from s2s_daemon.pipeline.jobs import Dispatcher
+    from s2s_daemon.pipeline.messages import SayRequest, Status, Utterance
+    from s2s_daemon.pipeline.queue import RequestQueue
+    from s2s_daemon.pipeline.vocabulary import EngineInfo
+    from s2s_daemon.tts.engine import EngineOptions
+    from s2s_daemon.tts.stage import TtsStage
+    from s2s_daemon.tts.worker import EngineWorker
+    from tests.support.tone_engine import ToneEngine
+
+    root = tmp_path / "voices"
+    _voice(root, "dave")
+    read: list[bytes] = []
+    copies: list[str] = []
+
+    class CloningTone(ToneEngine):
+        """Reads the recording on every sentence, as the real engines do; renames the voice after the first."""
+
+        def load_blocking(self) -> EngineInfo:
+            return dataclasses.replace(super().load_blocking(), mode="base", voices=())
+
+        def synthesize_blocking(self, request: Any, should_stop: Any) -> Any:
+            assert request.ref_audio is not None and request.voice is None
+            read.append(Path(request.ref_audio).read_bytes())
+            copies.append(request.ref_audio)
+            if len(read) == 1:
+                (root / "dave").rename(root / "dave2")  # what the web page's rename does
+            return super().synthesize_blocking(request, should_stop)
+
+    worker = EngineWorker(CloningTone(EngineOptions(model="tone")))
+    info = await worker.load()
+
+    class Seen:
+        def started(self, job: Any) -> None: ...
+        def finished(self, job: Any) -> None: ...
+        def state_changed(self) -> None: ...
+
+    requests = RequestQueue(4)
+    ledger = Dispatcher(requests, Seen(), 16)
+    utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
+    library = VoiceLibrary(root, info.mode)
+    tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=2, library=library)
+    tasks = [
+        asyncio.create_task(tts.run()),
+        asyncio.create_task(PlaybackStage(DiscardSink(), utterances, ledger).run()),
+    ]
+    try:
+        text = "The first sentence is here. And the second one follows it."
+        job = ledger.submit(SayRequest(id="r", text=text, voice="dave", language="english", site_id="t"))
+        await asyncio.wait_for(job.done.wait(), 20)
+    finally:
+        requests.close()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        await worker.close()
+    assert job.status is Status.COMPLETED, job.error
+    assert len(read) == 2 and read[0] == read[1] == REF_WAV.read_bytes()
+    assert not any(map(os.path.exists, copies)), "the private copies are removed"

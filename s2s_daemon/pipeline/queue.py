@@ -97,6 +97,11 @@ class RequestQueue:
         self._changed.set()
         return True
 
+    def waiting(self) -> list[SayRequest]:
+        """What is queued, in serving order, left in place (the web page's queue view)."""
+        live = [entry for entry in self._heap if entry[2].id in self._ids]
+        return [request for _, _, request in sorted(live, key=lambda entry: entry[:2])]
+
     def drain(self) -> list[SayRequest]:
         """Remove and return everything queued, in serving order."""
         out: list[SayRequest] = []

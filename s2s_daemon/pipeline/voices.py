@@ -15,9 +15,12 @@ voices added, changed or removed while the daemon runs are seen by the next requ
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Mapping
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -91,6 +94,28 @@ class LibraryVoice:
         if self.instruct is not None:
             found.append(VoiceKind.DESIGN)
         return tuple(found)
+
+
+@contextlib.contextmanager
+def pinned(recording: Path) -> Iterator[Path]:
+    """A private copy of a voice's recording while one request speaks it: renaming, replacing or
+    removing the voice meanwhile (the web page, ``voices rename``) cannot fail the request's later
+    sentences. A hard link where the file system allows, else a copy, in a folder named like the
+    voice's own (``.../alice/ref.wav``); removed afterwards. ``FileNotFoundError`` when the recording
+    is already gone."""
+    folder = Path(tempfile.mkdtemp(prefix="s2s-voice-"))
+    try:
+        (folder / recording.parent.name).mkdir()
+        copy = folder / recording.parent.name / recording.name
+        try:
+            os.link(recording, copy)
+        except FileNotFoundError:
+            raise
+        except OSError:  # another file system, or links not allowed
+            shutil.copyfile(recording, copy)
+        yield copy
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _inside(path: Path, root: Path) -> bool:

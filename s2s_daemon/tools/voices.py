@@ -1,8 +1,12 @@
-"""``s2s-daemon voices list | add NAME --ref-audio FILE [--ref-text T] [--instruct T] | remove NAME``.
+"""``s2s-daemon voices list | add NAME --ref-audio FILE [--ref-text T] [--instruct T] | rename NAME NEW
+| remove NAME``: the library edits of ``pipeline.voice_edits`` (the web page's voice endpoints call the same).
 
 ``add`` reads what libsndfile reads (WAV, FLAC, OGG, MP3 with libsndfile >= 1.1), mixes to mono,
 resamples to 24 kHz (soxr) and writes ``ref.wav`` as 16-bit PCM; it refuses a recording shorter
-than 3 s or longer than 30 s (``--force`` takes it anyway) and warns about clipping and silence.
+than 3 s or longer than 30 s, or a silent one (``--force`` takes it anyway), and warns about clipping.
+Exit status: 66 for a file that is not there, 65 for one that is no usable recording, 64 for a bad
+name or a voice that exists, 1 for a voice that is not there; a hint when the configured model
+cannot speak the voice added.
 The running daemon reads a voice's folder on every request that names it: no reload needed.
 """
 
@@ -12,27 +16,28 @@ import argparse
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from s2s_daemon.config import DaemonConfig, load_config
-from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError, DataError, NoInputError, UsageError
-from s2s_daemon.pipeline.voices import INSTRUCT, META, REF_AUDIO, REF_TEXT, default_voices_dir, read_voice, valid_name
+from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError, UsageError
+from s2s_daemon.pipeline.voice_edits import (
+    VoiceEditError,
+    add_voice,
+    check_audio,
+    check_name,
+    read_audio,
+    remove_voice,
+    rename_voice,
+)
+from s2s_daemon.pipeline.voices import default_voices_dir, read_voice, valid_name
 
-RATE_HZ = 24000
-MIN_S = 3.0
-MAX_S = 30.0
-CLIP_LEVEL = 0.999
-CLIP_SHARE = 0.001
-"""More than this share of samples at full scale: clipped."""
-SILENCE_RMS = 0.003
-"""Below this RMS (about -50 dBFS) the recording is taken for silence."""
+FORCE_HINTS = {
+    "reference_length": "--force takes it anyway",
+    "silent_reference": "--force takes it anyway",
+    "voice_exists": "--force replaces it",
+}
 
 
 def _config(args: argparse.Namespace) -> DaemonConfig:
@@ -46,86 +51,33 @@ def voices_dir(args: argparse.Namespace) -> Path:
     return _config(args).tts.voices_dir or default_voices_dir()
 
 
-def read_audio(path: Path) -> npt.NDArray[np.float32]:
-    """Any file libsndfile reads, as mono float32 at 24 kHz."""
-    import soundfile
-
-    try:
-        with path.open("rb") as f:
-            f.read(1)
-    except OSError as exc:
-        raise NoInputError(f"--ref-audio {path}: {exc.strerror or exc}") from exc
-    try:
-        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:
-        why = getattr(exc, "error_string", None) or str(exc)
-        raise DataError(f"--ref-audio {path}: not a recording this can read (WAV, FLAC, OGG, MP3): {why}") from exc
-    mono = data.mean(axis=1).astype(np.float32)
-    if rate != RATE_HZ:
-        import soxr
-
-        mono = soxr.resample(mono, rate, RATE_HZ).astype(np.float32)
-    return np.ascontiguousarray(mono)
-
-
-def check_audio(audio: npt.NDArray[np.float32], force: bool) -> list[str]:
-    """Warnings about ``audio``; ``DataError`` for a length outside 3-30 s or a silent recording
-    (nothing to clone) unless ``force``."""
-    seconds = len(audio) / RATE_HZ
-    if not MIN_S <= seconds <= MAX_S and not force:
-        raise DataError(f"the recording is {seconds:.1f} s; a reference should be {MIN_S:g}-{MAX_S:g} s (--force)")
-    warnings = []
-    if len(audio) and float(np.mean(np.abs(audio) >= CLIP_LEVEL)) > CLIP_SHARE:
-        warnings.append("the recording is clipped (samples at full scale): the clone copies the distortion")
-    rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64)))) if len(audio) else 0.0
-    if rms < SILENCE_RMS:
-        silent = f"the recording is (nearly) silent (RMS {rms:.4f}, below {SILENCE_RMS:g}): there is no voice to clone"
-        if not force:
-            raise DataError(f"{silent}; check the microphone and the file (--force takes it anyway)")
-        warnings.append(silent)
-    return warnings
-
-
-def write_wav(path: Path, audio: npt.NDArray[np.float32]) -> None:
-    import soundfile
-
-    soundfile.write(str(path), np.clip(audio, -1.0, 1.0), RATE_HZ, subtype="PCM_16", format="WAV")
-
-
 def cmd_add(args: argparse.Namespace) -> int:
     name: str = args.name
-    if not valid_name(name):
-        raise UsageError(f"voice name {name!r}: use letters, digits, '-' and '_' only (at most 64)")
+    check_name(name)
     if args.ref_audio is None and not args.instruct:
         raise UsageError("a voice needs --ref-audio (Base models) or --instruct (VoiceDesign models)")
     root = voices_dir(args)
-    target = root / name
-    if target.exists() and not args.force:
-        raise UsageError(f"voice {name!r} exists in {root} (--force replaces it)")
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
+    audio = None
     try:
         if args.ref_audio is not None:
-            audio = read_audio(Path(args.ref_audio))
+            audio = read_audio(Path(args.ref_audio), label=f"--ref-audio {args.ref_audio}")
             for warning in check_audio(audio, args.force):
                 print(f"warning: {warning}", file=sys.stderr)
-            write_wav(staging / REF_AUDIO, audio)
-        for file, text in ((REF_TEXT, args.ref_text), (INSTRUCT, args.instruct)):
-            if text:
-                (staging / file).write_text(text.strip() + "\n", encoding="utf-8")
-        if args.language or args.description:
-            import yaml
-
-            meta = {k: v for k, v in (("language", args.language), ("description", args.description)) if v}
-            (staging / META).write_text(yaml.safe_dump(meta, allow_unicode=True), encoding="utf-8")
-        if target.is_symlink() or target.is_file():
-            target.unlink()
-        elif target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+        add_voice(
+            root,
+            name,
+            audio=audio,
+            ref_text=args.ref_text,
+            instruct=args.instruct,
+            language=args.language,
+            description=args.description,
+            replace=args.force,
+        )
+    except VoiceEditError as exc:
+        hint = FORCE_HINTS.get(exc.code)
+        if hint is None:
+            raise
+        raise VoiceEditError(exc.code, f"{exc} ({hint})") from exc
     print(f"added {name} ({_describe(root, name)}) in {root}")
     if (hint := _model_hint(args, "design" if args.ref_audio is None else "clone")) is not None:
         print(f"note: {hint}", file=sys.stderr)
@@ -202,17 +154,24 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    name: str = args.name
     root = voices_dir(args)
-    target = root / name
-    if not valid_name(name) or not (target.exists() or target.is_symlink()):
-        print(f"s2s-daemon: no voice {name!r} in {root}", file=sys.stderr)
+    try:
+        remove_voice(root, args.name)
+    except VoiceEditError as exc:
+        print(f"s2s-daemon: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    if target.is_symlink() or not target.is_dir():
-        target.unlink()  # a link is removed, never what it points to
-    else:
-        shutil.rmtree(target)
-    print(f"removed {name} from {root}")
+    print(f"removed {args.name} from {root}")
+    return EXIT_OK
+
+
+def cmd_rename(args: argparse.Namespace) -> int:
+    root = voices_dir(args)
+    try:
+        rename_voice(root, args.name, args.new_name)
+    except VoiceEditError as exc:
+        print(f"s2s-daemon: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"renamed {args.name} to {args.new_name} in {root}")
     return EXIT_OK
 
 
@@ -242,3 +201,8 @@ def add_parser(subparsers: Any) -> None:
     remove.add_argument("name")
     common(remove)
     remove.set_defaults(func=cmd_remove)
+    rename = actions.add_parser("rename", help="rename a voice")
+    rename.add_argument("name")
+    rename.add_argument("new_name", metavar="NEW")
+    common(rename)
+    rename.set_defaults(func=cmd_rename)

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import OrderedDict
+
+DIGESTS_KEPT = 256
+"""Recordings whose digest is remembered (each request speaking a library voice reads a private copy)."""
 
 
 def file_digest(path: str) -> str:
@@ -24,7 +28,7 @@ class PromptKeys:
     def __init__(self, version: str, model_key: str) -> None:
         self.version = version
         self.model_key = model_key
-        self._digests: dict[str, tuple[tuple[int, int, int], str]] = {}
+        self._digests: OrderedDict[str, tuple[tuple[int, int, int], str]] = OrderedDict()
 
     def digest(self, path: str) -> str:
         """The recording's SHA-256, remembered while its size, mtime and inode stay the same."""
@@ -32,9 +36,13 @@ class PromptKeys:
         stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
         known = self._digests.get(path)
         if known is not None and known[0] == stamp:
+            self._digests.move_to_end(path)
             return known[1]
         digest = file_digest(path)
         self._digests[path] = (stamp, digest)
+        self._digests.move_to_end(path)
+        while len(self._digests) > DIGESTS_KEPT:
+            self._digests.popitem(last=False)
         return digest
 
     def key(self, path: str, with_codes: bool) -> str:

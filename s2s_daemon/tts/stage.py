@@ -37,7 +37,7 @@ from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.segment import split_clauses, split_sentences
 from s2s_daemon.pipeline.textfeed import FeedEnd, TextFeed
 from s2s_daemon.pipeline.vocabulary import normalize_language
-from s2s_daemon.pipeline.voices import LibraryVoice, VoiceKind, VoiceLibrary
+from s2s_daemon.pipeline.voices import LibraryVoice, VoiceKind, VoiceLibrary, pinned
 from s2s_daemon.tts.engine import EngineError, EngineInfo, SynthesisRequest, UnknownVoiceError
 from s2s_daemon.tts.worker import EngineWorker
 
@@ -164,11 +164,12 @@ class TtsStage:
         log.debug("synthesis_started", chars=len(request.text))
         named: str | None = None
         try:
-            if self.library is not None and request.voice and request.voice.lower() not in self._presets:
-                named = request.voice
-                synth = self._with_library_voice(synth, named)
-            with self.worker.utterance():  # its sentences share tts.max_utterance_s
-                await self._speak_segments(job, synth, chunks)
+            with contextlib.ExitStack() as pins:
+                if self.library is not None and request.voice and request.voice.lower() not in self._presets:
+                    named = request.voice
+                    synth = self._with_library_voice(synth, named, pins)
+                with self.worker.utterance():  # its sentences share tts.max_utterance_s
+                    await self._speak_segments(job, synth, chunks)
         except EngineError as exc:
             message = f"voice {named!r}: {exc}" if named is not None else str(exc)
             log.warning("synthesis_failed", code=exc.code, error=message)
@@ -309,12 +310,14 @@ class TtsStage:
             return False
         return True
 
-    def _with_library_voice(self, synth: SynthesisRequest, name: str) -> SynthesisRequest:
-        """``synth`` speaking the library voice ``name`` (read afresh: it may have changed or gone)."""
+    def _with_library_voice(self, synth: SynthesisRequest, name: str, pins: contextlib.ExitStack) -> SynthesisRequest:
+        """``synth`` speaking the library voice ``name`` (read afresh: it may have changed or gone),
+        its recording pinned in ``pins`` for the request's every sentence."""
         assert self.library is not None
         voice: LibraryVoice | None = self.library.lookup(name)
+        gone = UnknownVoiceError(f"voice {name!r} is no longer in the voice library")
         if voice is None:
-            raise UnknownVoiceError(f"voice {name!r} is no longer in the voice library")
+            raise gone
         language = synth.language
         if language == "auto" and voice.language is not None:
             try:
@@ -322,11 +325,15 @@ class TtsStage:
             except EngineError:
                 log.warning("voice_language_ignored", voice=name, language=voice.language)
         if self.library.kind is VoiceKind.CLONE:
+            try:  # renamed or removed while the request speaks: its later sentences still have it
+                recording = pins.enter_context(pinned(voice.ref_audio)) if voice.ref_audio else None
+            except FileNotFoundError:
+                raise gone from None
             return dataclasses.replace(
                 synth,
                 voice=None,
                 language=language,
-                ref_audio=str(voice.ref_audio),
+                ref_audio=str(recording) if recording is not None else None,
                 ref_text=voice.ref_text,
             )
         # A designed voice: its description, then the request's own instruction.

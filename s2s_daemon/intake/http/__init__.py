@@ -1,5 +1,5 @@
-"""The OpenAI-compatible speech API: ``POST /v1/audio/speech`` and friends, served by aiohttp in
-the daemon's event loop (``http.enabled``); and the monitor listener (``monitor.enabled``:
+"""The OpenAI-compatible speech API: ``POST /v1/audio/speech`` and friends, and the web page, served
+by aiohttp in the daemon's event loop (``http.enabled``); and the monitor listener (``monitor.enabled``:
 ``/health``, ``/ready``, ``/metrics``), which the API's port serves too.
 
 Their packages are the ``http`` extra. This module imports none of them, so that a missing extra
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from s2s_daemon.intake.http.monitor import MetricsSource, MonitorServer, ReadinessSource
     from s2s_daemon.intake.http.server import HttpSpeechServer
 
-EXTRA_MODULES = ("aiohttp", "soundfile", "lameenc")
+EXTRA_MODULES = ("aiohttp", "soundfile", "lameenc", "soxr")
 """What the ``http`` extra installs (pyproject.toml)."""
 
 
@@ -47,8 +47,8 @@ def require_monitor_extra(config: MonitorConfig) -> None:
 async def open_http_server(
     config: HttpConfig, readiness: ReadinessSource, metrics: MetricsSource
 ) -> HttpSpeechServer | None:
-    """The started server (listening; its speech answers 503 until ``attach``), or None when
-    ``http.enabled`` is false."""
+    """The started server (listening; its speech and its page's API answer 503 until ``attach``), or
+    None when ``http.enabled`` is false."""
     if not config.enabled:
         return None
     require_http_extra(config)

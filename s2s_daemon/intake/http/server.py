@@ -40,7 +40,9 @@ from s2s_daemon.intake.http.api import (
     with_openai_names,
 )
 from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, WavEncoder, encoder_factory
+from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.http.monitor import MonitorRoutes
+from s2s_daemon.intake.http.web import WebPage
 from s2s_daemon.intake.schemas import IntakeRules, parse_say, resolve_voice
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import ErrorCode, Status
@@ -121,8 +123,8 @@ class _Pipeline:
 
 
 class HttpSpeechServer:
-    """``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/audio/voices``, and the monitor's
-    ``GET /health``, ``/ready``, ``/metrics``.
+    """``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/audio/voices``, the monitor's
+    ``GET /health``, ``/ready``, ``/metrics``, and the web page (``web``), its live view fed by ``feed``.
 
     The constructor does no I/O; ``start`` reads the key and listens (before the model loads),
     ``attach`` hands it the pipeline, ``serve`` runs until it is cancelled (the daemon's drain,
@@ -133,6 +135,10 @@ class HttpSpeechServer:
         self.config = config
         self.monitor = monitor
         self._pipeline: _Pipeline | None = None
+        self.feed: LiveFeed | None = None
+        """The events the daemon publishes, for the web page's live view (from ``attach``)."""
+        self.open_paths = set(OPEN_PATHS)
+        """Served without the bearer token: ``OPEN_PATHS`` and the web page's own files."""
         self.port: int | None = None
         """The port listened on, once started."""
         self._api_key: str | None = None
@@ -142,9 +148,14 @@ class HttpSpeechServer:
 
     # -- what it serves with -------------------------------------------------------------
 
-    def attach(self, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo) -> None:
-        """The model is loaded: serve speech with this pipeline."""
+    def attach(self, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo, feed: LiveFeed | None) -> None:
+        """The model is loaded: serve speech with this pipeline, the page's live view from ``feed``."""
         self._pipeline = _Pipeline(dispatcher, rules, info)
+        self.feed = feed
+
+    def require_attached(self) -> None:
+        """Raise the 503 ``model_loading`` answer while the model loads (before a stream starts)."""
+        self._attached()
 
     def _attached(self) -> _Pipeline:
         if self._pipeline is None:
@@ -190,6 +201,7 @@ class HttpSpeechServer:
         app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_get("/v1/audio/voices", self._voices)
         self.monitor.add_to(app)  # /health, /ready, /metrics
+        self.open_paths |= WebPage(self).add_routes(app)
         return app
 
     async def start(self) -> None:
@@ -232,6 +244,11 @@ class HttpSpeechServer:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
 
+    @property
+    def auth_required(self) -> bool:
+        """Whether calls need the bearer token (``api_key_file`` is set)."""
+        return self._api_key is not None
+
     # -- middleware: OpenAI's error JSON, the bearer token ------------------------------
 
     def _middleware(self) -> Any:
@@ -240,7 +257,7 @@ class HttpSpeechServer:
         @web.middleware
         async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
             try:
-                if request.path not in OPEN_PATHS:
+                if request.path not in self.open_paths:
                     self._authorize(request)
                 return await handler(request)
             except ApiError as exc:

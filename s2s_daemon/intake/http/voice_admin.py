@@ -1,0 +1,380 @@
+"""The voice library over HTTP, for the web page (and scripts): ``/api/voices``.
+
+``GET /api/voices`` lists the model's preset speakers and every library voice (also those the
+loaded model cannot speak, marked so); ``POST`` adds a cloned voice from an uploaded recording
+(multipart ``audio``) or a designed one from an instruction, with the checks ``s2s-daemon voices
+add`` makes (length, clipping, silence; ``dry_run`` checks without saving); ``GET``, ``PATCH``
+(rename) and ``DELETE`` on ``/api/voices/{name}``; ``GET /api/voices/{name}/reference`` is the
+recording. The edits are ``s2s-daemon voices``' (``pipeline.voice_edits``), run off the event loop one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any, Protocol
+
+from aiohttp import BodyPartReader, web
+from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
+
+from s2s_daemon.intake.http.api import ApiError
+from s2s_daemon.intake.schemas import IntakeRules, decode_json_object, resolve_voice
+from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, normalize_language
+from s2s_daemon.pipeline.voice_edits import (
+    ReferenceStats,
+    VoiceEditError,
+    add_voice,
+    check_audio,
+    measure,
+    read_audio,
+    remove_voice,
+    rename_voice,
+)
+from s2s_daemon.pipeline.voices import MAX_TEXT_BYTES, LibraryVoice, VoiceKind, VoiceLibrary, read_voice
+
+MAX_REFERENCE_BYTES = 24 * 1024 * 1024
+"""The largest recording accepted: 30 s of 48 kHz stereo float WAV (11.5 MB) fits twice."""
+STATUS_OF_CODE = {"voice_exists": 409, "name_taken": 409, "voice_not_found": 404}
+"""HTTP status of a refused edit (``VoiceEditError.code``); any other code is 400."""
+PARAM_OF_CODE = {
+    "bad_voice_name": "name",
+    "voice_exists": "name",
+    "name_taken": "name",
+    "reference_length": "audio",
+    "silent_reference": "audio",
+    "unreadable_audio": "audio",
+}
+MODELS_FOR = {VoiceKind.CLONE: "a Base model", VoiceKind.DESIGN: "a VoiceDesign model"}
+
+
+class VoiceFields(BaseModel):
+    """``POST /api/voices``: form fields (multipart with the file ``audio``, or urlencoded) or a JSON object."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: StrictStr | None = None
+    """Needed unless ``dry_run``."""
+    ref_text: StrictStr | None = None
+    """Transcript of the recording (better clones)."""
+    instruct: StrictStr | None = None
+    """A designed voice's description (VoiceDesign models)."""
+    language: StrictStr | None = None
+    description: StrictStr | None = None
+    force: bool = False
+    """Replace a voice of that name; take a recording of any length, or a silent one."""
+    dry_run: bool = False
+    """Check the recording, save nothing."""
+
+
+class RenameFields(BaseModel):
+    """``PATCH /api/voices/{name}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: StrictStr
+
+
+def _edit_error(exc: VoiceEditError) -> ApiError:
+    param = PARAM_OF_CODE.get(exc.code)
+    return ApiError(STATUS_OF_CODE.get(exc.code, 400), str(exc), code=exc.code, param=param)
+
+
+def _bad_fields(exc: ValidationError) -> ApiError:
+    err = exc.errors()[0]
+    param = ".".join(str(p) for p in err["loc"]) or None
+    return ApiError(400, f"{param}: {err['msg']}", code="bad_payload", param=param)
+
+
+def _stats(stats: ReferenceStats | None) -> dict[str, float] | None:
+    if stats is None:
+        return None
+    return {
+        "seconds": round(stats.seconds, 2),
+        "rms": round(stats.rms, 5),
+        "clipped_share": round(stats.clipped_share, 5),
+    }
+
+
+class PipelineSource(Protocol):
+    """Where the rules and the engine's facts are read, at each request (the speech API's server)."""
+
+    @property
+    def rules(self) -> IntakeRules: ...
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+
+class VoiceAdmin:
+    """The ``/api/voices`` endpoints over ``rules.library``. The constructor does no I/O."""
+
+    def __init__(self, source: PipelineSource) -> None:
+        self.source = source
+        self._edits = asyncio.Lock()
+        """One library edit at a time."""
+
+    @property
+    def rules(self) -> IntakeRules:
+        return self.source.rules
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.source.info
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/api/voices", self._list)
+        app.router.add_post("/api/voices", self._add)
+        app.router.add_get("/api/voices/{name}", self._get)
+        app.router.add_patch("/api/voices/{name}", self._rename)
+        app.router.add_delete("/api/voices/{name}", self._remove)
+        app.router.add_get("/api/voices/{name}/reference", self._reference)
+
+    @property
+    def library(self) -> VoiceLibrary:
+        library = self.rules.library
+        if library is None:
+            raise ApiError(404, "this daemon has no voice library", code="no_voice_library")
+        return library
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _detail_blocking(self, voice: LibraryVoice) -> dict[str, Any]:
+        kind = self.library.kind
+        seconds = None
+        if voice.ref_audio is not None:
+            import soundfile
+
+            try:
+                seconds = round(soundfile.info(str(voice.ref_audio)).duration, 2)
+            except (soundfile.LibsndfileError, RuntimeError, OSError):
+                seconds = None
+        kinds = [str(k) for k in voice.kinds]
+        return {
+            "name": voice.name,
+            "kind": kinds[0] if kinds else None,
+            "kinds": kinds,
+            "speakable": kind is not None and kind in voice.kinds,
+            "transcript": voice.ref_text,
+            "instruct": voice.instruct,
+            "language": voice.language,
+            "description": voice.description,
+            "seconds": seconds,
+        }
+
+    def _list_blocking(self) -> dict[str, Any]:
+        library = self.library
+        preset = str(VoiceKind.PRESET)
+        presets = [{"name": v, "kind": preset, "kinds": [preset], "speakable": True} for v in self.info.voices]
+        lowered = {v.lower() for v in self.info.voices}
+        named: list[dict[str, Any]] = []
+        for folder in library.folder_names():
+            if folder.lower() in lowered:
+                continue  # a preset of that name wins: requests naming it get the preset
+            voice = read_voice(library.root, folder)
+            if voice is None:  # unreadable, or leading outside the folder: listed to be removed
+                named.append({"name": folder, "kind": None, "kinds": [], "speakable": False, "unreadable": True})
+            else:
+                named.append(self._detail_blocking(voice))
+        try:
+            default = resolve_voice(None, self.rules)
+        except EngineError:
+            default = None
+        return {
+            "mode": self.info.mode,
+            "can_clone": library.kind is VoiceKind.CLONE,
+            "can_design": library.kind is VoiceKind.DESIGN,
+            "default": default,
+            "languages": list(self.info.languages),
+            "folder": str(library.root),
+            "voices": presets + named,
+        }
+
+    def _find_blocking(self, name: str) -> LibraryVoice:
+        """The library voice ``name`` (its own spelling, else any case); 404 when there is none."""
+        library = self.library
+        voice = read_voice(library.root, name)
+        if voice is None:
+            spelled = next((n for n in library.folder_names() if n.lower() == name.lower()), None)
+            voice = read_voice(library.root, spelled) if spelled is not None else None
+        if voice is None:
+            raise ApiError(404, f"no voice {name!r} in the library", code="voice_not_found", param="name")
+        return voice
+
+    def _folder_blocking(self, name: str) -> str:
+        """The library folder called ``name`` (its own spelling, else any case), readable or not."""
+        folders = self.library.folder_names()
+        if name in folders:
+            return name
+        spelled = next((n for n in folders if n.lower() == name.lower()), None)
+        if spelled is None:
+            raise ApiError(404, f"no voice {name!r} in the library", code="voice_not_found", param="name")
+        return spelled
+
+    async def _list(self, request: web.Request) -> web.Response:
+        return web.json_response(await asyncio.to_thread(self._list_blocking))
+
+    async def _get(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        detail = await asyncio.to_thread(lambda: self._detail_blocking(self._find_blocking(name)))
+        return web.json_response(detail)
+
+    async def _reference(self, request: web.Request) -> web.StreamResponse:
+        voice = await asyncio.to_thread(self._find_blocking, request.match_info["name"])
+        if voice.ref_audio is None:
+            raise ApiError(404, f"voice {voice.name!r} has no recording", code="no_reference", param="name")
+        return web.FileResponse(voice.ref_audio, headers={"Content-Type": "audio/wav", "Cache-Control": "no-store"})
+
+    # -- editing -------------------------------------------------------------------------
+
+    async def _add(self, request: web.Request) -> web.Response:
+        raw, upload, filename = await self._read_add(request)
+        try:
+            fields = VoiceFields.model_validate(raw)
+        except ValidationError as exc:
+            raise _bad_fields(exc) from exc
+        language = self._language(fields.language)
+        for key in ("ref_text", "instruct", "description"):
+            value = getattr(fields, key)
+            if value is not None and len(value.encode()) > MAX_TEXT_BYTES:
+                raise ApiError(400, f"{key} is longer than {MAX_TEXT_BYTES} bytes", code="bad_payload", param=key)
+        if fields.dry_run:
+            if upload is None:
+                why = "dry_run checks a recording: send the file as audio"
+                raise ApiError(400, why, code="bad_payload", param="audio")
+            return web.json_response(await asyncio.to_thread(self._check_blocking, upload, filename, fields.force))
+        if fields.name is None:
+            raise ApiError(400, "name: a voice needs a name", code="bad_payload", param="name")
+        async with self._edits:
+            answer = await asyncio.to_thread(self._add_blocking, fields, language, upload, filename)
+        return web.json_response(answer, status=201, headers={"Location": f"/api/voices/{fields.name}"})
+
+    def _language(self, value: str | None) -> str | None:
+        if value is None or not value.strip() or value.strip().lower() == "auto":
+            return None
+        try:
+            return normalize_language(value, self.info.languages)
+        except EngineError as exc:
+            raise ApiError(400, str(exc), code="unsupported_language", param="language") from exc
+
+    def _check_blocking(self, upload: bytes, filename: str | None, force: bool) -> dict[str, Any]:
+        try:
+            audio = read_audio(io.BytesIO(upload), label=filename or "the uploaded file")
+        except VoiceEditError as exc:
+            raise _edit_error(exc) from exc
+        error = None
+        warnings: list[str] = []
+        try:
+            warnings = check_audio(audio, force)
+        except VoiceEditError as exc:
+            error = {"code": exc.code, "message": str(exc)}
+        warnings += self._unspeakable(VoiceKind.CLONE)
+        return {"checks": _stats(measure(audio)), "warnings": warnings, "error": error}
+
+    def _unspeakable(self, kind: VoiceKind) -> list[str]:
+        if self.library.kind is kind:
+            return []
+        return [
+            f"this {self.info.mode} model cannot speak {kind} voices: the voice is kept in the library"
+            f" for {MODELS_FOR[kind]}"
+        ]
+
+    def _add_blocking(
+        self, fields: VoiceFields, language: str | None, upload: bytes | None, filename: str | None
+    ) -> dict[str, Any]:
+        assert fields.name is not None
+        audio = None
+        stats = None
+        warnings: list[str] = []
+        try:
+            if upload is not None:
+                audio = read_audio(io.BytesIO(upload), label=filename or "the uploaded file")
+                warnings = check_audio(audio, fields.force)
+                stats = measure(audio)
+            add_voice(
+                self.library.root,
+                fields.name,
+                audio=audio,
+                ref_text=fields.ref_text,
+                instruct=fields.instruct,
+                language=language,
+                description=fields.description,
+                replace=fields.force,
+            )
+        except VoiceEditError as exc:
+            raise _edit_error(exc) from exc
+        warnings += self._unspeakable(VoiceKind.CLONE if audio is not None else VoiceKind.DESIGN)
+        voice = self._find_blocking(fields.name)
+        return {"voice": self._detail_blocking(voice), "warnings": warnings, "checks": _stats(stats)}
+
+    async def _read_add(self, request: web.Request) -> tuple[dict[str, Any], bytes | None, str | None]:
+        """The fields, the uploaded recording and its file name, from multipart or JSON."""
+        if request.content_type == "application/json":
+            data, why = decode_json_object(await request.read())
+            if data is None:
+                raise ApiError(400, f"request body: {why}", code="bad_payload")
+            return data, None, None
+        if request.content_type == "application/x-www-form-urlencoded":  # a form without a file
+            return {key: str(value) for key, value in (await request.post()).items()}, None, None
+        if request.content_type != "multipart/form-data":
+            raise ApiError(
+                415,
+                f"send multipart/form-data (a recording as the file 'audio') or application/json,"
+                f" not {request.content_type or 'no content type'}",
+                code="unsupported_media_type",
+            )
+        fields: dict[str, Any] = {}
+        upload: bytes | None = None
+        filename: str | None = None
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, BodyPartReader) or part.name is None:
+                raise ApiError(400, "every part of the form needs a name", code="bad_payload")
+            if part.name == "audio":
+                upload = await _read_part(part, MAX_REFERENCE_BYTES, "audio")
+                filename = part.filename
+            else:
+                fields[part.name] = (await _read_part(part, MAX_TEXT_BYTES, part.name)).decode("utf-8", "replace")
+        if upload is not None and not upload:
+            raise ApiError(400, "audio: the file is empty", code="bad_payload", param="audio")
+        return fields, upload, filename
+
+    async def _rename(self, request: web.Request) -> web.Response:
+        data, why = decode_json_object(await request.read())
+        if data is None:
+            raise ApiError(400, f"request body: {why}", code="bad_payload")
+        try:
+            fields = RenameFields.model_validate(data)
+        except ValidationError as exc:
+            raise _bad_fields(exc) from exc
+
+        def rename_blocking() -> dict[str, Any]:
+            folder = self._folder_blocking(request.match_info["name"])
+            try:
+                rename_voice(self.library.root, folder, fields.name)
+            except VoiceEditError as exc:
+                raise _edit_error(exc) from exc
+            return {"voice": self._detail_blocking(self._find_blocking(fields.name))}
+
+        async with self._edits:
+            return web.json_response(await asyncio.to_thread(rename_blocking))
+
+    async def _remove(self, request: web.Request) -> web.Response:
+        def remove_blocking() -> dict[str, Any]:
+            folder = self._folder_blocking(request.match_info["name"])
+            try:
+                remove_voice(self.library.root, folder)
+            except VoiceEditError as exc:
+                raise _edit_error(exc) from exc
+            return {"name": folder, "deleted": True}
+
+        async with self._edits:
+            return web.json_response(await asyncio.to_thread(remove_blocking))
+
+
+async def _read_part(part: BodyPartReader, limit: int, name: str) -> bytes:
+    data = bytearray()
+    while chunk := await part.read_chunk():
+        data += chunk
+        if len(data) > limit:
+            raise ApiError(413, f"{name} is larger than {limit} bytes", code="request_too_large", param=name)
+    return bytes(data)
