@@ -1,7 +1,7 @@
 """``TorchQwen3Engine``: the project's own streaming Qwen3-TTS 12 Hz in plain torch.
 
-Load: resolve the checkpoint (folder or hub id), parse its configs and load the text tokenizer (the
-only use of transformers), so a wrong ``tts.model`` fails before anything slow; then load (on first
+Load: resolve the checkpoint (folder or hub id), parse its configs and load the text tokenizer
+(``text_tokenizer.py``), so a wrong ``tts.model`` fails before anything slow; then load (on first
 use, build) the native CPU kernels, build the talker on the meta device and assign the safetensors
 weights, and load the speech-tokenizer decoder (and, for Base models, the codec and speaker encoders).
 
@@ -294,20 +294,11 @@ class TorchQwen3Engine:
         return weights
 
     def _load_tokenizer(self, folder: Path) -> Any:
-        """The Qwen2 BPE tokenizer; AutoTokenizer only for a checkpoint naming another class."""
+        """The text tokenizer (``text_tokenizer.py``: ``tokenizer.json`` without transformers for Qwen2)."""
+        from s2s_daemon.tts.torch_qwen3.text_tokenizer import load_text_tokenizer
+
         try:
-            import json
-
-            tok_cfg = folder / "tokenizer_config.json"
-            cls_name = (
-                json.loads(tok_cfg.read_text(encoding="utf-8")).get("tokenizer_class", "") if tok_cfg.is_file() else ""
-            )
-            import transformers
-
-            fast = getattr(transformers, "Qwen2TokenizerFast", None)  # an alias of Qwen2Tokenizer in 5.x
-            if fast is not None and cls_name in ("Qwen2Tokenizer", "Qwen2TokenizerFast", ""):
-                return fast.from_pretrained(str(folder))
-            return transformers.AutoTokenizer.from_pretrained(str(folder))
+            return load_text_tokenizer(folder)
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise CheckpointError(f"text tokenizer in {folder} cannot be loaded: {exc}") from exc
 
