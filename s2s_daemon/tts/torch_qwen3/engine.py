@@ -61,7 +61,7 @@ from s2s_daemon.tts.torch_qwen3.config import (
 from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout, no_weight_init, small_batch_linears
 from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings, PromptTokens, build_embeddings, codec_prefix, tokenize
 from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, PrefixCache, Sequence, TalkerRuntime
-from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights
+from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights, rows_in
 
 log = structlog.get_logger(__name__)
 
@@ -283,6 +283,7 @@ class TorchQwen3Engine:
         load_weights(weights, folder, device, dtype)
         weights.eval()
         weights.requires_grad_(False)
+        rows_in(weights, dtype)
         fuse_projections(weights)
         if weight_format == "int8":
             from s2s_daemon.tts.torch_qwen3.quant import quantize_linears
