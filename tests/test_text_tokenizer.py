@@ -81,11 +81,12 @@ def test_a_malformed_tokenizer_json_is_a_checkpoint_error(tmp_path: Path) -> Non
 
 
 def test_the_engine_loads_and_speaks_without_importing_transformers() -> None:
+    """Made as the daemon makes it (the registry checks the torch extra's packages)."""
     code = (
         "import sys\n"
         "from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest\n"
-        "from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine\n"
-        f"e = TorchQwen3Engine(EngineOptions(model={str(FIXTURES / 'custom_voice')!r}, device='cpu',"
+        "from s2s_daemon.tts.registry import create_engine\n"
+        f"e = create_engine('torch', EngineOptions(model={str(FIXTURES / 'custom_voice')!r}, device='cpu',"
         " extra={'max_frames': '2', 'prepared_cache': '0'}))\n"
         "info = e.load_blocking()\n"
         "r = SynthesisRequest(text='Hello.', voice=info.voices[0], language='english', greedy=True)\n"

@@ -53,7 +53,10 @@ def load_text_tokenizer(folder: Path, use_transformers: bool = False) -> Any:
                 return FastTextTokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")))
             except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
                 raise ValueError(f"tokenizer.json: {exc}") from exc
-    import transformers
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ValueError(f"it needs transformers (pip install 's2s-daemon[torch]'): {exc}") from exc
 
     fast = getattr(transformers, "Qwen2TokenizerFast", None)  # an alias of Qwen2Tokenizer in 5.x
     if fast is not None and name in QWEN2_CLASSES:
