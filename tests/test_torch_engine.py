@@ -46,7 +46,9 @@ TEXT = "Hello there, this is a test."
 
 
 def _engine(path: Path, **extra: str) -> TorchQwen3Engine:
-    engine = TorchQwen3Engine(EngineOptions(model=str(path), device="cpu", dtype="float32", extra=dict(extra)))
+    # The float32 decoder, exact in any chunking (the bfloat16 one: tests/test_codec_precision.py).
+    extra = {"codec_dtype": "float32", **extra}
+    engine = TorchQwen3Engine(EngineOptions(model=str(path), device="cpu", dtype="float32", extra=extra))
     engine.load_blocking()
     return engine
 

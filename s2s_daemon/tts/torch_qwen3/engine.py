@@ -18,6 +18,8 @@ spends about 0.2-0.3 s per BPE token (English word pieces, CJK characters), so t
 audio; later chunks keep ``chunk_frames``).
 ``EngineOptions.extra['prefix_cache_rows']``: prompt positions whose talker keys and values are kept
 for the prompts that begin the same way (``runtime.PrefixCache``; default ``PREFIX_ROWS``, ``0``: off).
+``EngineOptions.extra['codec_dtype']``: the CPU codec decoder's matrix weights, ``auto`` (bfloat16
+where the CPU has bfloat16 dot products, ``codec.pick_codec_weights``), ``float32`` or ``bfloat16``.
 ``EngineOptions.extra['voice_cache']``: the folder of computed clone prompts (``clone_cache.py``;
 else ``$S2S_VOICE_CACHE``, else ``$XDG_CACHE_HOME/s2s-daemon/voices``), ``off`` for memory only.
 """
@@ -354,13 +356,23 @@ class TorchQwen3Engine:
             from s2s_daemon.tts.torch_qwen3.codec import CodecDecoder
         except ImportError as exc:
             raise EngineError(f"the torch codec decoder is not available in this build: {exc}") from exc
-        # The decoder runs in float32 on the CPU and in the model dtype (bf16) elsewhere; int8 is talker-only.
+        # The decoder runs in float32 on the CPU (its matrix weights in bfloat16 where codec.pick_codec_weights
+        # says so) and in the model dtype (bf16) elsewhere; int8 is talker-only.
         codec_dtype = torch.float32 if device.type == "cpu" else dtype
-        codec = CodecDecoder.from_folder(folder / "speech_tokenizer", device, codec_dtype)
+        weights = codec_dtype
+        if device.type == "cpu":
+            from s2s_daemon.tts.torch_qwen3.codec import pick_codec_weights
+
+            try:
+                weights, why = pick_codec_weights(self.options.extra.get("codec_dtype"), ext)
+            except ValueError as exc:
+                raise EngineError(str(exc)) from exc
+            log.info("codec_weights_chosen", dtype=str(weights).removeprefix("torch."), reason=why)
+        codec = CodecDecoder.from_folder(folder / "speech_tokenizer", device, codec_dtype, weights)
         if ext is not None:
             from s2s_daemon.tts.torch_qwen3.native import pack_linears
 
-            pack_linears(codec, "float32", ext)
+            pack_linears(codec, "bfloat16" if weights == torch.bfloat16 else "float32", ext)
             codec.use_native(ext)
         small_batch_linears(codec)
         return codec
