@@ -354,3 +354,36 @@ def test_native_row_limit_keeps_the_blocked_product_where_the_blas_is_slower(
 
     monkeypatch.setattr(torch, "mm", _slowed(torch.mm, 0.05))
     assert native_row_limit(ext, torch.randn(64, 64)) == ext.MAX_BLOCKED_ROWS
+
+
+def test_the_kernels_release_the_gil(ext: Any) -> None:
+    """A long product on one thread leaves the interpreter to the others (the event loop, a codec
+    push on its own thread): the main thread runs Python code while the product is still running.
+    Held, the main thread could only go on once the product had returned."""
+    import threading
+    import time
+
+    weight = torch.randn(2048, 2048)
+    rows = 128
+    while True:  # a product of at least half a second here, whatever the machine
+        x = torch.randn(rows, 2048)
+        start = time.perf_counter()
+        ext.linear(x, 0, weight, None, None, 2048, 0, None)
+        if time.perf_counter() - start > 0.5 or rows >= 1 << 16:
+            break
+        rows *= 4
+    inside = threading.Event()
+    x = torch.randn(rows * 4, 2048)
+
+    def product() -> None:
+        inside.set()
+        ext.linear(x, 0, weight, None, None, 2048, 0, None)
+
+    worker = threading.Thread(target=product)
+    worker.start()
+    assert inside.wait(10)
+    time.sleep(0.05)  # into the product
+    total = sum(range(10_000))  # Python code: needs the GIL
+    running = worker.is_alive()
+    worker.join()
+    assert total and running, "the product held the GIL"

@@ -1082,13 +1082,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() =
       "AVX2 (and AVX-512 VNNI) weight-streaming linear layers (float32, bfloat16, int8, 4-bit weights; float32 "
       "activations)";
-  m.def("linear", &linear, "y = x W^T (+ bias) for a packed weight", py::arg("x"), py::arg("fmt"), py::arg("weight"),
+  // The products release the GIL (their arguments are converted before, the result after): the
+  // event loop, and a codec push on another thread (engine option codec_overlap), run meanwhile.
+  m.def("linear", &linear, "y = x W^T (+ bias) for a packed weight", py::call_guard<py::gil_scoped_release>(),
+        py::arg("x"), py::arg("fmt"), py::arg("weight"),
         py::arg("scales"), py::arg("mins"), py::arg("out_features"), py::arg("group"), py::arg("bias"));
   m.def("dequantize", &dequantize, "packed weight -> float32 [out, in]", py::arg("fmt"), py::arg("weight"),
         py::arg("scales"), py::arg("mins"), py::arg("out_features"), py::arg("in_features"), py::arg("group"));
   m.def("pack", &pack, "float32 weight [N, K] -> int8 (data, scales) or int4 (data, scales, mins)", py::arg("fmt"),
         py::arg("weight"), py::arg("group"));
-  m.def("snake", &snake, "SnakeBeta: x + inv_beta * sin(x * alpha)^2 per channel of x [B, C, T]", py::arg("x"),
+  m.def("snake", &snake, "SnakeBeta: x + inv_beta * sin(x * alpha)^2 per channel of x [B, C, T]",
+        py::call_guard<py::gil_scoped_release>(), py::arg("x"),
         py::arg("alpha"), py::arg("inv_beta"));
   m.def(
       "set_wide",
@@ -1124,9 +1128,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<std::vector<Layer>, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t, double>(),
            py::arg("layers"), py::arg("norm"), py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"),
            py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
-      .def("run", &Stack::run, "one position through every layer and the final norm", py::arg("x"),
+      .def("run", &Stack::run, "one position through every layer and the final norm",
+           py::call_guard<py::gil_scoped_release>(), py::arg("x"),
            py::arg("k_cache"), py::arg("v_cache"), py::arg("cos"), py::arg("sin"), py::arg("start"))
       .def("run_rows", &Stack::run_rows, "rows of several sequences, each at its own position of its own cache",
-           py::arg("x"), py::arg("k_caches"), py::arg("v_caches"), py::arg("cos"), py::arg("sin"), py::arg("caches"),
-           py::arg("positions"));
+           py::call_guard<py::gil_scoped_release>(), py::arg("x"), py::arg("k_caches"), py::arg("v_caches"),
+           py::arg("cos"), py::arg("sin"), py::arg("caches"), py::arg("positions"));
 }
