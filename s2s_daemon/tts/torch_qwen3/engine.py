@@ -18,6 +18,8 @@ spends about 0.2-0.3 s per BPE token (English word pieces, CJK characters), so t
 audio; later chunks keep ``chunk_frames``).
 ``EngineOptions.extra['prefix_cache_rows']``: prompt positions whose talker keys and values are kept
 for the prompts that begin the same way (``runtime.PrefixCache``; default ``PREFIX_ROWS``, ``0``: off).
+``EngineOptions.extra['codec_overlap']``: ``on`` decodes each chunk on a thread of its own while the
+next frames are made (``overlap.py``; off by default).
 ``EngineOptions.extra['codec_dtype']``: the CPU codec decoder's matrix weights, ``auto`` (bfloat16
 where the CPU has bfloat16 dot products, ``codec.pick_codec_weights``), ``float32`` or ``bfloat16``.
 ``EngineOptions.extra['voice_cache']``: the folder of computed clone prompts (``clone_cache.py``;
@@ -61,6 +63,7 @@ from s2s_daemon.tts.torch_qwen3.config import (
     load_model_config,
 )
 from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout, no_weight_init, small_batch_linears
+from s2s_daemon.tts.torch_qwen3.overlap import ChunkQueue, CodecWorker, set_threads
 from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings, PromptTokens, build_embeddings, codec_prefix, tokenize
 from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, PrefixCache, Sequence, TalkerRuntime
 from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights, rows_in
@@ -187,6 +190,8 @@ class TorchQwen3Engine:
         """Speaker embeddings and reference codes already computed (Base models)."""
         self.ref_streams: OrderedDict[tuple[tuple[int, ...], bytes], Any] = OrderedDict()
         """Codec streams that decoded a reference's frames (``REF_STREAMS``), by the frames' shape and digest."""
+        self.codec_worker: CodecWorker | None = None
+        """The codec's own thread (``extra['codec_overlap']``, ``overlap.py``); None: decoded in line."""
         self.folder: Path | None = None
         self.device = torch.device("cpu")
         self.dtype = torch.float32
@@ -196,6 +201,9 @@ class TorchQwen3Engine:
     def _extra_int(self, key: str) -> int | None:
         value = self.options.extra.get(key)
         return int(value) if value not in (None, "") else None
+
+    def _flag(self, key: str) -> bool:
+        return str(self.options.extra.get(key) or "").strip().lower() in ("1", "true", "yes", "on")
 
     def _text_streaming(self, mode: str) -> bool:
         """Official defaults: text fed step by step only for Base; ``extra['text_streaming']`` overrides."""
@@ -237,6 +245,9 @@ class TorchQwen3Engine:
             from s2s_daemon.tts.torch_qwen3.graphs import CudaGraphSteps
 
             runtime.graphs = CudaGraphSteps()
+        if device.type == "cpu" and self._flag("codec_overlap"):
+            total = torch.get_num_threads()
+            self.codec_worker = CodecWorker(threads=max(1, total // 2), total=total)
         self.cfg, self.gen, self.runtime, self.tokenizer = cfg, gen, runtime, tokenizer
         self.folder, self.device, self.dtype = folder, device, dtype
         self.info = EngineInfo(
@@ -447,6 +458,9 @@ class TorchQwen3Engine:
         return DeviceMemory("none")
 
     def close_blocking(self) -> None:
+        if self.codec_worker is not None:
+            self.codec_worker.close()
+            self.codec_worker = None
         self.runtime = None
         self.codec = None
         self.speech_encoder = None
@@ -522,6 +536,7 @@ class TorchQwen3Engine:
         """All codec frames ``[T, G]`` (CPU, long) for a request; used by the parity tests and the benchmark."""
         self._require()
         assert self.runtime is not None and self.gen is not None
+        self._share_cores()
         with torch.inference_mode():
             prompt, _, _, budget = self.prepare(request, text_streaming)
             if max_frames is not None:
@@ -566,6 +581,7 @@ class TorchQwen3Engine:
         keeps the chunks it completed for ``Synthesis.take``."""
         runtime, gen = self.runtime, self.gen
         assert runtime is not None and gen is not None
+        self._share_cores()
         for synthesis in batch:
             if synthesis.sequence is not None and not synthesis.done and synthesis.should_stop():
                 synthesis.stop()
@@ -578,12 +594,19 @@ class TorchQwen3Engine:
             if synthesis.rows is not None and not synthesis.done:
                 synthesis.add(next(synthesis.rows, None))
 
+    def _share_cores(self) -> None:
+        """With the codec on its own thread: this thread's intra-op threads for its next step, the
+        cores a running codec push leaves, or all of them."""
+        if self.codec_worker is not None:
+            set_threads(self.codec_worker.talker_threads())
+
     @torch.inference_mode()
     def _open(
         self, request: SynthesisRequest, should_stop: ShouldStop, max_frames: int | None, batched: bool
     ) -> Synthesis:
         runtime, gen = self.runtime, self.gen
         assert runtime is not None and gen is not None
+        self._share_cores()
         prompt, _, ref_codes, budget = self.prepare(request)
         if max_frames is not None:
             budget = min(budget, max_frames)
@@ -592,7 +615,7 @@ class TorchQwen3Engine:
         first = max(1, min(chunk, self._extra_int("first_chunk_frames") or FIRST_CHUNK_FRAMES))
         stream = self._codec_stream(ref_codes)
         options = DecodeOptions(max_frames=budget, greedy=request.greedy, seed=request.seed)
-        synthesis = Synthesis(stream, first, chunk, budget, should_stop)
+        synthesis = Synthesis(stream, first, chunk, budget, should_stop, self.codec_worker)
         if batched:
             if not should_stop():
                 synthesis.sequence = runtime.start(prompt, options)
@@ -626,10 +649,15 @@ class Synthesis:
 
     Made by ``TorchQwen3Engine`` and advanced by its ``step_blocking``: in a batch (``sequence``,
     stepped with others by ``TalkerRuntime.step_batch``) or alone (``rows``, ``TalkerRuntime.frames``).
+    Chunks are decoded in line, or on ``worker``'s thread while the next frames are made (``overlap.py``).
     """
 
-    def __init__(self, stream: Any, first: int, chunk: int, budget: int, should_stop: ShouldStop) -> None:
+    def __init__(
+        self, stream: Any, first: int, chunk: int, budget: int, should_stop: ShouldStop,
+        worker: CodecWorker | None = None,
+    ) -> None:  # fmt: skip
         self.codec = stream
+        self.chunks = ChunkQueue(_decode, stream, worker)
         self.first = first
         self.chunk = chunk
         self.budget = budget
@@ -640,11 +668,15 @@ class Synthesis:
         self._pending: list[torch.Tensor] = []
         self._made: list[Samples] = []
         self._frames = 0
+        self._pushed = False
+        """A chunk was pushed (later chunks are ``chunk`` frames)."""
         self._started = time.perf_counter()
         self._first_chunk_s: float | None = None
 
     def take(self) -> list[Samples]:
         """The chunks completed since the last call."""
+        if not self.done:
+            self._collect(self.chunks.ready())
         made, self._made = self._made, []
         return made
 
@@ -652,6 +684,18 @@ class Synthesis:
         """Asked to stop: no more frames, nothing more handed out."""
         self.done = True
         self._pending = []
+        self.chunks.discard()
+
+    def _collect(self, audio: list[Samples]) -> None:
+        """Decoded chunks handed out in order, unless asked to stop meanwhile."""
+        if not audio:
+            return
+        if self._first_chunk_s is None:
+            self._first_chunk_s = time.perf_counter() - self._started
+        if self.should_stop():
+            self.stop()
+            return
+        self._made.extend(audio)
 
     def add(self, row: torch.Tensor | None) -> None:
         """One more frame (``[G]`` codes), or None: the end (end of speech, the budget or a stop)."""
@@ -662,29 +706,30 @@ class Synthesis:
             return
         self._pending.append(row)
         self._frames += 1
-        if len(self._pending) < (self.first if self._first_chunk_s is None else self.chunk):
+        if len(self._pending) < (self.chunk if self._pushed else self.first):
             if self.sequence is not None and self.sequence.done:
                 self._end()
             return
-        audio = _decode(self.codec, self._pending)
+        self.chunks.push(self._pending, inline=not self._pushed)  # the first chunk as soon as it can be
+        self._pushed = True
         self._pending = []
-        if self._first_chunk_s is None:
-            self._first_chunk_s = time.perf_counter() - self._started
-        if self.should_stop():
-            self.stop()
+        self._collect(self.chunks.ready())
+        if self.done:
             return
-        self._made.append(audio)
         if self.sequence is not None and self.sequence.done:
             self._end()
 
     def _end(self) -> None:
-        self.done = True
         if self.should_stop():
-            self._pending = []
+            self.stop()
             return
         if self._pending:
-            self._made.append(_decode(self.codec, self._pending))
+            self.chunks.push(self._pending)
             self._pending = []
+        self._collect(self.chunks.drain())
+        if self.done:  # stopped while the last chunks were decoded
+            return
+        self.done = True
         tail = self.codec.flush()
         if tail is not None and tail.numel() > 0:
             self._made.append(tail.detach().float().cpu().numpy().astype(np.float32, copy=False))
