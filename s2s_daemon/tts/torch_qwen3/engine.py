@@ -77,7 +77,7 @@ FIRST_CHUNK_FRAMES = 1
 """Frames of an utterance's first chunk (``extra['first_chunk_frames']``; later chunks are
 ``chunk_frames``): ``scripts/bench_torch.py`` (the 2-core Intel Xeon, 0.6B int8, 2 threads,
 2 December 2026) had it after 506-551 ms against 993-1,052 for 4 frames; the codec decoder is
-exact in any chunking, so the audio is the same."""
+exact in any chunking (the bfloat16 one within its quality guard), so the audio is the same."""
 FRAMES_PER_TOKEN = 8
 SAMPLE_RATE = 24000
 REF_STREAMS = 4
