@@ -43,10 +43,14 @@ def main() -> int:
     parser.add_argument("--chunk-ms", type=float, default=320.0, help="the engine's chunk (tts.chunk_frames 4)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--wav", type=Path, help="a mono 24 kHz WAV instead of the synthetic signal")
+    from s2s_daemon.bench.machine import machine_line
+    from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table
+
+    add_doc_arguments(parser, "stretch")
     args = parser.parse_args()
+    doc = doc_target(args)
 
     from s2s_daemon.audio.stretch import TimeStretcher
-    from s2s_daemon.bench.report import machine_line
 
     if args.wav is not None:
         import soundfile
@@ -62,6 +66,7 @@ def main() -> int:
     seconds = len(audio) / RATE
     print(machine_line(f"{source}, chunks of {args.chunk_ms:g} ms, {args.rounds} rounds, one thread"))
     print(f"{'speed':>6} {'ms per s of audio':>18} {'x real time':>12} {'first chunk ms':>15}")
+    rows: list[list[object]] = []
     for speed in SPEEDS:
         per_second, first = [], []
         for _ in range(args.rounds):
@@ -75,6 +80,11 @@ def main() -> int:
             per_second.append((time.thread_time() - start) * 1000 / seconds)
         cost = statistics.median(per_second)
         print(f"{speed:>6g} {cost:>18.1f} {1000 / cost:>12.0f} {statistics.median(first):>15.1f}")
+        rows.append([f"{speed:g}", f"{cost:.1f}", f"{1000 / cost:.0f}", f"{statistics.median(first):.1f}"])
+    if doc is not None:
+        header = ["speed", "CPU ms per s of audio", "x real time", "first chunk ms"]
+        notes = f"{source}, chunks of {args.chunk_ms:g} ms, median of {args.rounds} rounds, one thread (CPU time)."
+        doc.publish("speed: the time-stretch's cost", markdown_table(header, rows, "rrrr"), notes)
     return 0
 
 

@@ -476,7 +476,10 @@ def float32_codec_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engines(float32_codec_dir: Path) -> Iterator[tuple[Any, MlxQwen3Engine]]:
     """(torch engine, MLX engine) on the same checkpoint, both in float32 on the CPU."""
     torch_cls = _torch_engine_or_skip()
-    torch_engine = torch_cls(EngineOptions(model=str(float32_codec_dir), dtype="float32"))
+    # the float32 decoder on the torch side too (codec_dtype auto takes bfloat16 on some CPUs)
+    torch_engine = torch_cls(
+        EngineOptions(model=str(float32_codec_dir), dtype="float32", extra={"codec_dtype": "float32"})
+    )
     torch_engine.load_blocking()
     mlx_engine = _engine(float32_codec_dir, max_frames=GREEDY_FRAMES_AGREE, mlx_quantization="float32")
     assert mlx_engine.load_blocking().dtype == "float32"

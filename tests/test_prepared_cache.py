@@ -297,3 +297,64 @@ def test_the_cache_root_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert prepared.cache_root(str(tmp_path / "here")) == tmp_path / "here"  # the option first
     monkeypatch.setenv(prepared.ENV, str(tmp_path / "env"))
     assert prepared.cache_root("") == tmp_path / "env"
+
+
+def _with_tables(folder: Path, dtype: Any, rounded_to: Any = None) -> Path:
+    """A copy of the tiny CustomVoice checkpoint whose codec tables are stored in ``dtype`` (their
+    values first rounded to ``rounded_to``, when given)."""
+    from safetensors.torch import load_file, save_file
+
+    from s2s_daemon.tts.torch_qwen3.checkpoint import keeps_stored_dtype
+
+    shutil.copytree(CV, folder)
+    state = load_file(str(CV / "model.safetensors"))
+    tables = [name for name in state if keeps_stored_dtype(name) and "codec_embedding" in name]
+    assert len(tables) == 16  # the talker's and the predictor's 15
+    for name in tables:
+        t = state[name].to(rounded_to) if rounded_to is not None else state[name]
+        state[name] = t.to(dtype).contiguous()
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize("fmt", ["int8", "float32"])
+def test_codec_tables_stay_in_the_stored_dtype_and_give_the_same_codes(ext: Any, tmp_path: Path, fmt: str) -> None:
+    """bfloat16 tables stay bfloat16 (mapped from the checkpoint, not widened into the entry) and
+    decode exactly as the same values held in float32."""
+    stored = _with_tables(tmp_path / "bf16", torch.bfloat16)
+    widened = _with_tables(tmp_path / "f32", torch.float32, rounded_to=torch.bfloat16)
+    root = str(tmp_path / "prepared")
+    _load(stored, fmt, root)  # written; the next load maps it
+    engine = _engine(stored, fmt, root)
+    try:
+        assert engine.runtime is not None
+        model = engine.runtime.talker.model
+        tables = [model.codec_embedding, *engine.runtime.talker.code_predictor.model.codec_embedding]
+        assert {t.weight.dtype for t in tables} == {torch.bfloat16}
+        in_checkpoint = _mapped_ranges(stored / "model.safetensors")
+        assert all(any(lo <= t.weight.data_ptr() < hi for lo, hi in in_checkpoint) for t in tables), (
+            "a table was copied"
+        )
+        codes = engine.codes_blocking(REQUEST, max_frames=6)
+    finally:
+        engine.close_blocking()
+    index = json.loads(next(p for p in _entries(Path(root))).joinpath("index.json").read_text(encoding="utf-8"))
+    assert (
+        index["tensors"]["talker.model.codec_embedding.weight"]["checkpoint"] == "talker.model.codec_embedding.weight"
+    )
+    reference, _ = _load(widened, fmt, "0")
+    assert torch.equal(codes, reference)
+    if fmt == "float32":  # torch's own kernels load the tables as stored too
+        torch_codes = []
+        for model_folder in (stored, widened):
+            options = EngineOptions(model=str(model_folder), device="cpu", dtype="float32", kernels="torch")
+            plain = TorchQwen3Engine(options)
+            plain.load_blocking()
+            try:
+                assert plain.runtime is not None
+                table = plain.runtime.talker.model.codec_embedding.weight
+                assert table.dtype == (torch.bfloat16 if model_folder == stored else torch.float32)
+                torch_codes.append(plain.codes_blocking(REQUEST, max_frames=6))
+            finally:
+                plain.close_blocking()
+        assert torch.equal(torch_codes[0], torch_codes[1])

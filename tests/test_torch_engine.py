@@ -46,7 +46,9 @@ TEXT = "Hello there, this is a test."
 
 
 def _engine(path: Path, **extra: str) -> TorchQwen3Engine:
-    engine = TorchQwen3Engine(EngineOptions(model=str(path), device="cpu", dtype="float32", extra=dict(extra)))
+    # The float32 decoder, exact in any chunking (the bfloat16 one: tests/test_codec_precision.py).
+    extra = {"codec_dtype": "float32", **extra}
+    engine = TorchQwen3Engine(EngineOptions(model=str(path), device="cpu", dtype="float32", extra=extra))
     engine.load_blocking()
     return engine
 
@@ -474,8 +476,10 @@ def test_static_shape_step_matches_eager(cv: TorchQwen3Engine) -> None:
         prompt, *_ = cv.prepare(_request(greedy=True))
         n = prompt.prefill.shape[1]
         rt.ensure_capacity(n + 4)
-        rt.prefill(prompt.prefill)
         assert rt.talker_cache is not None
+        rt.talker_cache.k.zero_()  # as a CUDA cache is made (a CPU one is left unwritten: KVCache)
+        rt.talker_cache.v.zero_()
+        rt.prefill(prompt.prefill)
         saved_k, saved_v = rt.talker_cache.k.clone(), rt.talker_cache.v.clone()
         x = prompt.trailing[:1].unsqueeze(0).clone() + prompt.pad
         eager_logits, eager_hidden = rt.talker_step(x, n)

@@ -87,7 +87,12 @@ def engines() -> Iterator[dict[str, TorchQwen3Engine]]:
 def _engine(engines: dict[str, TorchQwen3Engine], kind: str) -> TorchQwen3Engine:
     if kind not in engines:
         engine = TorchQwen3Engine(
-            EngineOptions(model=str(FIXTURES / kind), device="cpu", dtype="float32", extra={"threads": "1"})
+            EngineOptions(
+                model=str(FIXTURES / kind),
+                device="cpu",
+                dtype="float32",
+                extra={"threads": "1", "codec_dtype": "float32"},  # the official decoder's arithmetic
+            )
         )
         engine.load_blocking()
         engines[kind] = engine

@@ -68,7 +68,7 @@ _BUILTIN: dict[str, EngineSpec] = {
     "torch": EngineSpec(
         "s2s_daemon.tts.torch_qwen3:TorchQwen3Engine",
         "torch",
-        ("torch", "safetensors", "transformers"),
+        ("torch", "safetensors", "tokenizers"),  # transformers only for tokenizers tokenizer.json misses
         _torch_options,
     ),
     "mlx": EngineSpec("s2s_daemon.tts.mlx_qwen3:MlxQwen3Engine", "mlx", ("mlx", "mlx_audio"), _mlx_options),

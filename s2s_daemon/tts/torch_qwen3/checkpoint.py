@@ -245,9 +245,17 @@ class TensorFiles:
         self._maps.clear()
 
 
-STORED_DTYPE_TENSORS = ("talker.model.text_embedding.weight",)
-"""Kept in the checkpoint's dtype whatever the model dtype: a lookup table (151936 x 2048 in the
-released models, 1.2 GB as float32) whose rows are cast when looked up, which is exact."""
+STORED_DTYPE_TABLES = re.compile(
+    r"talker\.(model\.(text|codec)_embedding|code_predictor\.model\.codec_embedding\.\d+)\.weight"
+)
+"""Kept in the checkpoint's dtype whatever the model dtype: the lookup tables (``talker.LookupTable``),
+whose rows are cast when looked up, which is exact. The text table is 151936 x 2048 in the released
+models (1.2 GB as float32); the codec tables (3072 + 15 x 2048 rows of 1024) would double in float32."""
+
+
+def keeps_stored_dtype(name: str) -> bool:
+    """Whether the tensor ``name`` stays in the checkpoint's dtype (``STORED_DTYPE_TABLES``)."""
+    return STORED_DTYPE_TABLES.fullmatch(name) is not None
 
 
 def check_tensors(weights: nn.Module, ck: TensorFiles) -> None:
@@ -270,7 +278,7 @@ def load_weights(module: nn.Module, folder: Path, device: torch.device, dtype: t
 
     ``dtype`` None keeps every tensor in the checkpoint's dtype. Tensors are read one at a time
     into buffers of their own (``TensorFiles.read``) and converted, so the peak holds one copy of
-    the model plus one tensor; only ``STORED_DTYPE_TENSORS`` stay views of the file (on the CPU).
+    the model plus one tensor; only ``STORED_DTYPE_TABLES`` stay views of the file (on the CPU).
     The native CPU path does not come here: ``prepared.load_talker`` packs linear by linear.
     """
     files = TensorFiles(weight_files(folder), lambda name: not name.startswith(IGNORED_PREFIXES))
@@ -279,7 +287,7 @@ def load_weights(module: nn.Module, folder: Path, device: torch.device, dtype: t
     state = {}
     try:
         for name in expected:
-            stored = name in STORED_DTYPE_TENSORS
+            stored = keeps_stored_dtype(name)
             t = files.view(name) if stored and device.type == "cpu" else files.read(name)
             state[name] = t.to(device=device) if dtype is None or stored else t.to(device=device, dtype=dtype)
     finally:
@@ -288,10 +296,10 @@ def load_weights(module: nn.Module, folder: Path, device: torch.device, dtype: t
 
 
 def cast_floating(module: nn.Module, dtype: torch.dtype) -> None:
-    """Every floating parameter and buffer of ``module`` in ``dtype``, except ``STORED_DTYPE_TENSORS``."""
+    """Every floating parameter and buffer of ``module`` in ``dtype``, except ``STORED_DTYPE_TABLES``."""
     for name, param in module.named_parameters():
-        if name not in STORED_DTYPE_TENSORS and param.is_floating_point() and param.dtype != dtype:
+        if not keeps_stored_dtype(name) and param.is_floating_point() and param.dtype != dtype:
             param.data = param.data.to(dtype)
     for name, buf in module.named_buffers():
-        if name not in STORED_DTYPE_TENSORS and buf.is_floating_point() and buf.dtype != dtype:
+        if not keeps_stored_dtype(name) and buf.is_floating_point() and buf.dtype != dtype:
             buf.data = buf.data.to(dtype)

@@ -51,6 +51,13 @@ The concatenated streamed audio equals the one-shot decode up to float rounding:
 waveform is matched within 1.0e-6 (tests: 1e-5; 1e-4 on a small random decoder with larger
 gains). One-shot ``decode`` runs the same code in chunks of ``DECODE_CHUNK_FRAMES`` frames to
 bound memory on long input, and is exact at any length.
+
+Precision on the CPU (``pick_codec_weights``, ``EngineOptions.extra['codec_dtype']``): float32, or
+bfloat16 matrix weights (half the bytes to hold and to stream) with float32 activations, norms,
+SnakeBeta and residual sums. There a product of few columns runs on the native kernels (float32
+inputs and sums) and one of many on oneDNN's bfloat16 dot products (inputs and sums rounded to
+bfloat16), so two chunkings of one stream agree within the quality guard (``quality.py``), not to
+float rounding as in float32.
 """
 
 from __future__ import annotations
@@ -158,12 +165,17 @@ GEMM_MAX_COLUMNS = 64
 """Causal convs with at most this many output columns run as one GEMM (see ``CausalConv1d._conv``)."""
 
 
+LOW_COLUMNS_BYTES = 16 << 20
+"""Bytes of bfloat16 columns one product of a bfloat16-weight conv takes at a time (``_low_conv``):
+bounds the stacked taps of a long input (a reference recording decoded at once)."""
+
+
 def _takes_native_gemm(weight: Tensor, bias: Tensor | None) -> bool:
-    """Whether the native float32 kernels can multiply by ``weight`` [N, K] (checked once, at
-    ``CodecDecoder.use_native``): float32 and contiguous on the CPU, K a multiple of 32."""
+    """Whether the native kernels can multiply float32 rows by ``weight`` [N, K] (checked once, at
+    ``CodecDecoder.use_native``): float32 or bfloat16 and contiguous on the CPU, K a multiple of 32."""
     return (
         weight.device.type == "cpu"
-        and weight.dtype == torch.float32
+        and weight.dtype in (torch.float32, torch.bfloat16)
         and weight.is_contiguous()
         and weight.shape[1] % 32 == 0
         and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
@@ -180,8 +192,57 @@ def _few_row_gemm(ext: Any, rows: Tensor, weight: Tensor, bias: Tensor | None) -
     stream it (up to 4 rows, ~18 GB/s) or run a register-blocked product (up to 64 rows):
     4-6 ms for 1-5 rows, 10 ms for 17.
     """
-    out: Tensor = ext.linear(rows.contiguous(), 0, weight, None, None, weight.shape[0], 0, bias)
+    code = 1 if weight.dtype == torch.bfloat16 else 0  # linear.cpp's bfloat16 and float32 formats
+    out: Tensor = ext.linear(rows.contiguous(), code, weight, None, None, weight.shape[0], 0, bias)
     return out
+
+
+def _low_mm(weight: Tensor, columns: Tensor) -> Tensor:
+    """``weight @ columns`` for a bfloat16 ``weight`` [N, K] and float32 ``columns`` [..., K, T], in
+    float32: the columns rounded to bfloat16, the products summed in float32 by oneDNN (AVX512-BF16
+    or AMX dot products where the CPU has them), the sums rounded to bfloat16."""
+    return torch.matmul(weight, columns.to(weight.dtype)).float()
+
+
+CODEC_WEIGHTS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""The CPU decoder's matrix weights (``EngineOptions.extra['codec_dtype']``, ``auto`` by default)."""
+BF16_DOT_FLAGS = ("avx512_bf16", "amx_bf16")
+"""CPU flags of bfloat16 dot-product instructions (AVX512-BF16, AMX-BF16), which oneDNN's bfloat16
+products run on; without them it widens bfloat16 to float32 (AVX-512) or falls back to slow code."""
+
+
+def bf16_dot_products(flags: set[str] | None = None) -> bool:
+    """Whether this CPU (or one with ``flags``, ``/proc/cpuinfo``'s) has bfloat16 dot products."""
+    if flags is None:
+        from s2s_daemon.tts.torch_qwen3.native import _cpu_flags
+
+        flags = _cpu_flags()
+    return any(flag in flags for flag in BF16_DOT_FLAGS)
+
+
+def pick_codec_weights(requested: str | None, ext: Any, flags: set[str] | None = None) -> tuple[torch.dtype, str]:
+    """(dtype of the CPU decoder's matrix weights, why) for ``extra['codec_dtype']``.
+
+    ``auto``: bfloat16 where the native kernels are loaded and the CPU has bfloat16 dot products
+    (its few-column products stream half the bytes, oneDNN runs the rest on the dot products), and
+    its audio is within the quality guard of float32's (``tests/test_codec_precision.py``,
+    ``scripts/bench_codec.py``); float32 elsewhere. ``bfloat16`` asks for it anyway (it needs the
+    native kernels); ``float32`` keeps the float32 decoder. ValueError for another value.
+    """
+    value = (requested or "auto").strip().lower()
+    if value not in ("auto", *CODEC_WEIGHTS):
+        raise ValueError(f"codec_dtype {requested!r} is not one of auto, {', '.join(CODEC_WEIGHTS)}")
+    if value == "float32":
+        return torch.float32, "asked for"
+    if ext is None:
+        if value == "bfloat16":
+            raise ValueError("codec_dtype bfloat16 needs the native CPU kernels")
+        return torch.float32, "no native kernels"
+    if value == "bfloat16":
+        return torch.bfloat16, "asked for"
+    if bf16_dot_products(flags):
+        return torch.bfloat16, "the CPU has bfloat16 dot products"
+    return torch.float32, "the CPU has no bfloat16 dot products"
 
 
 def native_row_limit(ext: Any, weight: Tensor, columns: int = 16, reps: int = 3) -> int:
@@ -258,6 +319,8 @@ class CausalConv1d(nn.Module):
         taps = self.weight_taps
         if padded.shape[-1] == self.context:  # no new columns (the convolution refuses them)
             return padded.new_zeros(padded.shape[0], conv.out_channels, 0)
+        if taps is not None and taps.dtype == torch.bfloat16 and padded.dtype == torch.float32:
+            return self._low_conv(padded, taps)
         if taps is None or taps.dtype != padded.dtype or taps.device != padded.device:
             out: Tensor = conv(padded)
             return out
@@ -284,6 +347,32 @@ class CausalConv1d(nn.Module):
                 torch.addmm(bias[:, None], taps[:, 0], x[:, :t], out=o)
             for j in range(1, kernel):
                 o.addmm_(taps[:, j], x[:, j * d : j * d + t])
+        return out
+
+    def _low_conv(self, padded: Tensor, taps: Tensor) -> Tensor:
+        """``_conv`` with bfloat16 weights and float32 activations (``CodecDecoder`` loaded with
+        ``weights=torch.bfloat16``): up to ``native_rows`` output columns through the native kernels
+        (float32 rows, bfloat16 weights, float32 sums: weight-bound, no activation rounded), more as
+        products of bfloat16 stacked taps (``_low_mm``), a block of columns at a time."""
+        cout, kernel, cin = taps.shape
+        flat = taps.view(cout, kernel * cin)
+        d = self.conv.dilation[0]
+        batch = padded.shape[0]
+        t = padded.shape[-1] - self.context
+        bias = self.conv.bias
+        if self.ext is not None and batch == 1 and t <= self.native_rows:
+            rows = torch.cat([padded[0, :, j * d : j * d + t].t() for j in range(kernel)], dim=1)
+            return _few_row_gemm(self.ext, rows, flat, bias).t().unsqueeze(0)
+        low = padded.to(taps.dtype)
+        out = padded.new_empty(batch, cout, t)
+        block = max(GEMM_MAX_COLUMNS, LOW_COLUMNS_BYTES // (kernel * cin * low.element_size()))
+        for start in range(0, t, block):
+            n = min(block, t - start)
+            taps_in = [low[..., start + j * d : start + j * d + n] for j in range(kernel)]
+            columns = taps_in[0] if kernel == 1 else torch.cat(taps_in, dim=1)
+            out[..., start : start + n] = torch.matmul(flat, columns)
+        if bias is not None:
+            out += bias[None, :, None]
         return out
 
     def forward(self, x: Tensor, state: _StateDict | None = None) -> Tensor:
@@ -346,6 +435,8 @@ class CausalConvTranspose1d(nn.Module):
         wt = self.weight_t
         if self.ext is not None and wt is not None and columns.shape[0] <= self.native_rows:
             z = _few_row_gemm(self.ext, columns, wt, None).view(batch, t, cout, m, s)
+        elif wt is not None and wt.dtype == torch.bfloat16 and x.dtype == torch.float32:
+            z = _low_mm(wt, columns.t()).t().reshape(batch, t, cout, m, s)
         elif wt is not None and wt.dtype == x.dtype and wt.device == x.device:
             # [out * kernel, in] row-major: W @ x^T is 1.5-3x faster than x @ W for a few rows.
             z = torch.mm(wt, columns.t()).t().reshape(batch, t, cout, m, s)
@@ -598,6 +689,16 @@ class _Codebook(nn.Module):
         self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
         self._table: Tensor | None = None
 
+    def compact(self) -> None:
+        """Compute the table now and keep only it: ``embedding_sum`` becomes the table and
+        ``cluster_usage`` ones (``table`` gives the same values from them), so the stored sums are
+        not kept beside the table."""
+        with torch.no_grad():
+            table = self.table().detach()
+        self.embedding_sum = nn.Parameter(table, requires_grad=False)
+        self.cluster_usage = nn.Parameter(torch.ones_like(self.cluster_usage.detach()), requires_grad=False)
+        self._table = self.embedding_sum.detach()
+
     def table(self) -> Tensor:
         """Centroids ``embedding_sum / max(cluster_usage, 1e-5)``, computed in float32 once."""
         table = self._table
@@ -691,35 +792,58 @@ class CodecDecoder(nn.Module):
 
     @classmethod
     def from_folder(
-        cls, folder: Path | str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+        cls,
+        folder: Path | str,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        weights: torch.dtype | None = None,
     ) -> CodecDecoder:
-        """Load from a ``speech_tokenizer`` folder (``config.json`` + ``model.safetensors``)."""
+        """Load from a ``speech_tokenizer`` folder (``config.json`` + ``model.safetensors``).
+
+        ``weights``: the dtype of the matrix weights (convs other than depthwise, transposed convs,
+        linears of a width the native kernels take), ``dtype`` by default. ``torch.bfloat16`` with
+        float32 ``dtype`` on the CPU is the bfloat16 decoder (``codec_weights``): weights at half
+        the bytes, activations, norms and SnakeBeta in float32; its linears need
+        ``native.pack_linears(decoder, "bfloat16", ext)``.
+        """
         folder = Path(folder)
         raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         cfg = CodecDecoderConfig.from_dict(raw.get("decoder_config") or {})
         sample_rate = int(raw.get("output_sample_rate", 24000))
         with no_weight_init(), torch.device("meta"):
             model = cls(cfg, sample_rate)
-        state = _read_decoder(folder / "model.safetensors", model, torch.device(device), dtype)
+        state = _read_decoder(folder / "model.safetensors", model, torch.device(device), dtype, weights or dtype)
         model.load_state_dict(state, strict=True, assign=True)
         del state
-        inv_freq = model.pre_transformer.inv_freq  # float32; .to(dtype) below would round it
-        model = model.to(device=device, dtype=dtype).eval()
+        inv_freq = model.pre_transformer.inv_freq  # float32; a cast would round it
+        model = model.to(device=device).eval()  # _read_decoder gave every tensor its dtype
         if model._device().type == "cpu":
             for module in model.modules():
                 if isinstance(module, (CausalConv1d, CausalConvTranspose1d)):
                     module.relayout()
+        for module in model.modules():
+            if isinstance(module, _Codebook):
+                module.compact()
         model.pre_transformer.inv_freq = inv_freq.to(device)
         model.requires_grad_(False)
-        log.info("codec_decoder_loaded", folder=str(folder), device=str(device), dtype=str(dtype))
+        log.info(
+            "codec_decoder_loaded", folder=str(folder), device=str(device), dtype=str(dtype),
+            weights=str(weights or dtype),
+        )  # fmt: skip
         return model
+
+    def weights_dtype(self) -> torch.dtype:
+        """The dtype of the matrix weights (``from_folder``'s ``weights``)."""
+        return self.pre_conv.conv.weight.dtype
 
     def use_native(self, ext: Any) -> int:
         """Run the few-column GEMMs of the convs and the SnakeBeta activations through the native
-        float32 kernels; returns how many layers take them (call after loading, on the CPU in float32).
+        kernels; returns how many layers take them (call after loading, on the CPU, float32 activations).
 
-        Up to how many columns: ``native_row_limit`` measures it once on this machine's BLAS (the
-        largest transposed conv's weight), for these convs and the decoder's float32 ``PackedLinear``s.
+        Up to how many columns: with float32 weights, ``native_row_limit`` measures it once on this
+        machine's BLAS (the largest transposed conv's weight), for these convs and the decoder's float32
+        ``PackedLinear``s; with bfloat16 weights, up to the streaming kernel's rows (weight-bound, no
+        activation rounded), oneDNN's bfloat16 products beyond (``scripts/bench_codec.py`` compares).
         """
         from s2s_daemon.tts.torch_qwen3.native import PackedLinear
 
@@ -728,7 +852,12 @@ class CodecDecoder(nn.Module):
             key=lambda w: w.numel(),
             default=None,
         )
-        rows = native_row_limit(ext, largest) if largest is not None and _takes_native_gemm(largest, None) else 0
+        if largest is not None and largest.dtype == torch.bfloat16:
+            rows = int(ext.MAX_STREAM_ROWS)
+        elif largest is not None and _takes_native_gemm(largest, None):
+            rows = native_row_limit(ext, largest)
+        else:
+            rows = 0
         count = 0
         for module in self.modules():
             if isinstance(module, (CausalConv1d, CausalConvTranspose1d)):
@@ -876,13 +1005,31 @@ def _copied(value: Any) -> Any:
     return value
 
 
-def _read_decoder(path: Path, model: CodecDecoder, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
-    """The ``decoder.*`` tensors of a speech-tokenizer file, prefix removed, for ``model`` (on meta).
+def matrix_weights(model: CodecDecoder) -> set[str]:
+    """Names of the weights ``from_folder``'s ``weights`` dtype applies to: convs other than
+    depthwise, transposed convs, and linears whose width the native kernels take."""
+    from s2s_daemon.tts.torch_qwen3.native import packable
+
+    names = set()
+    for name, m in model.named_modules():
+        if isinstance(m, CausalConvTranspose1d) or (isinstance(m, CausalConv1d) and m.conv.groups == 1):
+            names.add(f"{name}.conv.weight")
+        elif isinstance(m, nn.Linear) and packable(m.in_features, "bfloat16"):
+            names.add(f"{name}.weight")
+    return names
+
+
+def _read_decoder(
+    path: Path, model: CodecDecoder, device: torch.device, dtype: torch.dtype, weights: torch.dtype
+) -> dict[str, Tensor]:
+    """The ``decoder.*`` tensors of a speech-tokenizer file, prefix removed, for ``model`` (on meta),
+    in ``dtype`` (``matrix_weights`` in ``weights``).
 
     Tensors used as stored are views of the file's mapping (pages read when first used); those
-    that loading converts (cast to ``dtype``, moved to another device, or relaid by the convs'
-    ``relayout``) are read into buffers of their own, so the mapping's
-    pages of their stored form never become resident beside the converted copy.
+    that loading converts (cast, moved to another device, relaid by the convs' ``relayout``, the
+    codebooks turned into tables by ``compact``) are read into buffers of their own and converted
+    one at a time, so the mapping's pages of their stored form never become resident beside the
+    converted copy, and no second copy of the decoder is ever whole.
     """
     from s2s_daemon.tts.torch_qwen3.checkpoint import TensorFiles
 
@@ -895,13 +1042,18 @@ def _read_decoder(path: Path, model: CodecDecoder, device: torch.device, dtype: 
         if isinstance(m, CausalConvTranspose1d)
         or (isinstance(m, CausalConv1d) and m.conv.groups == 1 and m.conv.kernel_size[0] > 1)
     }
+    matrices = matrix_weights(model) if weights != dtype else set()
     out: dict[str, Tensor] = {}
     try:
         for key, stored in files.tensors.items():
             name = key[len(prefix) :]
-            cast = stored.dtype.is_floating_point and stored.dtype != dtype
-            converted = name in relaid or device.type != "cpu" or cast
-            out[name] = files.read(key) if converted else files.view(key)
+            target = weights if name in matrices else dtype
+            cast = stored.dtype.is_floating_point and stored.dtype != target
+            codebook = name.endswith(("._codebook.embedding_sum", "._codebook.cluster_usage"))
+            converted = name in relaid or codebook or device.type != "cpu" or cast
+            t = files.read(key) if converted else files.view(key)
+            out[name] = t.to(target) if cast else t
+            del t
     finally:
         files.close()
     return out

@@ -1,7 +1,7 @@
 """``TorchQwen3Engine``: the project's own streaming Qwen3-TTS 12 Hz in plain torch.
 
-Load: resolve the checkpoint (folder or hub id), parse its configs and load the text tokenizer (the
-only use of transformers), so a wrong ``tts.model`` fails before anything slow; then load (on first
+Load: resolve the checkpoint (folder or hub id), parse its configs and load the text tokenizer
+(``text_tokenizer.py``), so a wrong ``tts.model`` fails before anything slow; then load (on first
 use, build) the native CPU kernels, build the talker on the meta device and assign the safetensors
 weights, and load the speech-tokenizer decoder (and, for Base models, the codec and speaker encoders).
 
@@ -18,6 +18,10 @@ spends about 0.2-0.3 s per BPE token (English word pieces, CJK characters), so t
 audio; later chunks keep ``chunk_frames``).
 ``EngineOptions.extra['prefix_cache_rows']``: prompt positions whose talker keys and values are kept
 for the prompts that begin the same way (``runtime.PrefixCache``; default ``PREFIX_ROWS``, ``0``: off).
+``EngineOptions.extra['codec_overlap']``: ``on`` decodes each chunk on a thread of its own while the
+next frames are made (``overlap.py``; off by default).
+``EngineOptions.extra['codec_dtype']``: the CPU codec decoder's matrix weights, ``auto`` (bfloat16
+where the CPU has bfloat16 dot products, ``codec.pick_codec_weights``), ``float32`` or ``bfloat16``.
 ``EngineOptions.extra['voice_cache']``: the folder of computed clone prompts (``clone_cache.py``;
 else ``$S2S_VOICE_CACHE``, else ``$XDG_CACHE_HOME/s2s-daemon/voices``), ``off`` for memory only.
 """
@@ -61,9 +65,10 @@ from s2s_daemon.tts.torch_qwen3.config import (
 )
 from s2s_daemon.tts.torch_qwen3.formats import choose_format
 from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout, no_weight_init, small_batch_linears
+from s2s_daemon.tts.torch_qwen3.overlap import ChunkQueue, CodecWorker, set_threads
 from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings, PromptTokens, build_embeddings, codec_prefix, tokenize
 from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, PrefixCache, Sequence, TalkerRuntime
-from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights
+from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights, rows_in
 
 log = structlog.get_logger(__name__)
 
@@ -74,7 +79,7 @@ FIRST_CHUNK_FRAMES = 1
 """Frames of an utterance's first chunk (``extra['first_chunk_frames']``; later chunks are
 ``chunk_frames``): ``scripts/bench_torch.py`` (the 2-core Intel Xeon, 0.6B int8, 2 threads,
 2 December 2026) had it after 506-551 ms against 993-1,052 for 4 frames; the codec decoder is
-exact in any chunking, so the audio is the same."""
+exact in any chunking (the bfloat16 one within its quality guard), so the audio is the same."""
 FRAMES_PER_TOKEN = 8
 SAMPLE_RATE = 24000
 REF_STREAMS = 4
@@ -171,6 +176,8 @@ class TorchQwen3Engine:
         """Speaker embeddings and reference codes already computed (Base models)."""
         self.ref_streams: OrderedDict[tuple[tuple[int, ...], bytes], Any] = OrderedDict()
         """Codec streams that decoded a reference's frames (``REF_STREAMS``), by the frames' shape and digest."""
+        self.codec_worker: CodecWorker | None = None
+        """The codec's own thread (``extra['codec_overlap']``, ``overlap.py``); None: decoded in line."""
         self.folder: Path | None = None
         self.device = torch.device("cpu")
         self.dtype = torch.float32
@@ -182,6 +189,9 @@ class TorchQwen3Engine:
     def _extra_int(self, key: str) -> int | None:
         value = self.options.extra.get(key)
         return int(value) if value not in (None, "") else None
+
+    def _flag(self, key: str) -> bool:
+        return str(self.options.extra.get(key) or "").strip().lower() in ("1", "true", "yes", "on")
 
     def _text_streaming(self, mode: str) -> bool:
         """Official defaults: text fed step by step only for Base; ``extra['text_streaming']`` overrides."""
@@ -230,6 +240,9 @@ class TorchQwen3Engine:
             from s2s_daemon.tts.torch_qwen3.graphs import CudaGraphSteps
 
             runtime.graphs = CudaGraphSteps()
+        if device.type == "cpu" and self._flag("codec_overlap"):
+            total = torch.get_num_threads()
+            self.codec_worker = CodecWorker(threads=max(1, total // 2), total=total)
         self.cfg, self.gen, self.runtime, self.tokenizer = cfg, gen, runtime, tokenizer
         self.folder, self.device, self.dtype = folder, device, dtype
         self.info = EngineInfo(
@@ -279,6 +292,7 @@ class TorchQwen3Engine:
         load_weights(weights, folder, device, dtype)
         weights.eval()
         weights.requires_grad_(False)
+        rows_in(weights, dtype)
         fuse_projections(weights)
         if weight_format == "int8":
             from s2s_daemon.tts.torch_qwen3.quant import quantize_linears
@@ -290,20 +304,11 @@ class TorchQwen3Engine:
         return weights
 
     def _load_tokenizer(self, folder: Path) -> Any:
-        """The Qwen2 BPE tokenizer; AutoTokenizer only for a checkpoint naming another class."""
+        """The text tokenizer (``text_tokenizer.py``: ``tokenizer.json`` without transformers for Qwen2)."""
+        from s2s_daemon.tts.torch_qwen3.text_tokenizer import load_text_tokenizer
+
         try:
-            import json
-
-            tok_cfg = folder / "tokenizer_config.json"
-            cls_name = (
-                json.loads(tok_cfg.read_text(encoding="utf-8")).get("tokenizer_class", "") if tok_cfg.is_file() else ""
-            )
-            import transformers
-
-            fast = getattr(transformers, "Qwen2TokenizerFast", None)  # an alias of Qwen2Tokenizer in 5.x
-            if fast is not None and cls_name in ("Qwen2Tokenizer", "Qwen2TokenizerFast", ""):
-                return fast.from_pretrained(str(folder))
-            return transformers.AutoTokenizer.from_pretrained(str(folder))
+            return load_text_tokenizer(folder)
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise CheckpointError(f"text tokenizer in {folder} cannot be loaded: {exc}") from exc
 
@@ -377,13 +382,23 @@ class TorchQwen3Engine:
             from s2s_daemon.tts.torch_qwen3.codec import CodecDecoder
         except ImportError as exc:
             raise EngineError(f"the torch codec decoder is not available in this build: {exc}") from exc
-        # The decoder runs in float32 on the CPU and in the model dtype (bf16) elsewhere; int8 is talker-only.
+        # The decoder runs in float32 on the CPU (its matrix weights in bfloat16 where codec.pick_codec_weights
+        # says so) and in the model dtype (bf16) elsewhere; int8 is talker-only.
         codec_dtype = torch.float32 if device.type == "cpu" else dtype
-        codec = CodecDecoder.from_folder(folder / "speech_tokenizer", device, codec_dtype)
+        weights = codec_dtype
+        if device.type == "cpu":
+            from s2s_daemon.tts.torch_qwen3.codec import pick_codec_weights
+
+            try:
+                weights, why = pick_codec_weights(self.options.extra.get("codec_dtype"), ext)
+            except ValueError as exc:
+                raise EngineError(str(exc)) from exc
+            log.info("codec_weights_chosen", dtype=str(weights).removeprefix("torch."), reason=why)
+        codec = CodecDecoder.from_folder(folder / "speech_tokenizer", device, codec_dtype, weights)
         if ext is not None:
             from s2s_daemon.tts.torch_qwen3.native import pack_linears
 
-            pack_linears(codec, "float32", ext)
+            pack_linears(codec, "bfloat16" if weights == torch.bfloat16 else "float32", ext)
             codec.use_native(ext)
         small_batch_linears(codec)
         return codec
@@ -460,6 +475,9 @@ class TorchQwen3Engine:
     def close_blocking(self) -> None:
         if self.threads is not None:
             self.threads.stop()
+        if self.codec_worker is not None:
+            self.codec_worker.close()
+            self.codec_worker = None
         self.runtime = None
         self.codec = None
         self.speech_encoder = None
@@ -535,6 +553,7 @@ class TorchQwen3Engine:
         """All codec frames ``[T, G]`` (CPU, long) for a request; used by the parity tests and the benchmark."""
         self._require()
         assert self.runtime is not None and self.gen is not None
+        self._share_cores()
         with torch.inference_mode():
             prompt, _, _, budget = self.prepare(request, text_streaming)
             if max_frames is not None:
@@ -581,6 +600,7 @@ class TorchQwen3Engine:
         assert runtime is not None and gen is not None
         if self.threads is not None:
             self.threads.adjust()
+        self._share_cores()
         for synthesis in batch:
             if synthesis.sequence is not None and not synthesis.done and synthesis.should_stop():
                 synthesis.stop()
@@ -593,6 +613,12 @@ class TorchQwen3Engine:
             if synthesis.rows is not None and not synthesis.done:
                 synthesis.add(next(synthesis.rows, None))
 
+    def _share_cores(self) -> None:
+        """With the codec on its own thread: this thread's intra-op threads for its next step, the
+        cores a running codec push leaves, or all of them."""
+        if self.codec_worker is not None:
+            set_threads(self.codec_worker.talker_threads())
+
     @torch.inference_mode()
     def _open(
         self, request: SynthesisRequest, should_stop: ShouldStop, max_frames: int | None, batched: bool
@@ -601,6 +627,7 @@ class TorchQwen3Engine:
         assert runtime is not None and gen is not None
         if self.threads is not None:
             self.threads.adjust()
+        self._share_cores()
         prompt, _, ref_codes, budget = self.prepare(request)
         if max_frames is not None:
             budget = min(budget, max_frames)
@@ -609,7 +636,7 @@ class TorchQwen3Engine:
         first = max(1, min(chunk, self._extra_int("first_chunk_frames") or FIRST_CHUNK_FRAMES))
         stream = self._codec_stream(ref_codes)
         options = DecodeOptions(max_frames=budget, greedy=request.greedy, seed=request.seed)
-        synthesis = Synthesis(stream, first, chunk, budget, should_stop)
+        synthesis = Synthesis(stream, first, chunk, budget, should_stop, self.codec_worker)
         if batched:
             if not should_stop():
                 synthesis.sequence = runtime.start(prompt, options)
@@ -643,10 +670,15 @@ class Synthesis:
 
     Made by ``TorchQwen3Engine`` and advanced by its ``step_blocking``: in a batch (``sequence``,
     stepped with others by ``TalkerRuntime.step_batch``) or alone (``rows``, ``TalkerRuntime.frames``).
+    Chunks are decoded in line, or on ``worker``'s thread while the next frames are made (``overlap.py``).
     """
 
-    def __init__(self, stream: Any, first: int, chunk: int, budget: int, should_stop: ShouldStop) -> None:
+    def __init__(
+        self, stream: Any, first: int, chunk: int, budget: int, should_stop: ShouldStop,
+        worker: CodecWorker | None = None,
+    ) -> None:  # fmt: skip
         self.codec = stream
+        self.chunks = ChunkQueue(_decode, stream, worker)
         self.first = first
         self.chunk = chunk
         self.budget = budget
@@ -657,11 +689,15 @@ class Synthesis:
         self._pending: list[torch.Tensor] = []
         self._made: list[Samples] = []
         self._frames = 0
+        self._pushed = False
+        """A chunk was pushed (later chunks are ``chunk`` frames)."""
         self._started = time.perf_counter()
         self._first_chunk_s: float | None = None
 
     def take(self) -> list[Samples]:
         """The chunks completed since the last call."""
+        if not self.done:
+            self._collect(self.chunks.ready())
         made, self._made = self._made, []
         return made
 
@@ -669,6 +705,18 @@ class Synthesis:
         """Asked to stop: no more frames, nothing more handed out."""
         self.done = True
         self._pending = []
+        self.chunks.discard()
+
+    def _collect(self, audio: list[Samples]) -> None:
+        """Decoded chunks handed out in order, unless asked to stop meanwhile."""
+        if not audio:
+            return
+        if self._first_chunk_s is None:
+            self._first_chunk_s = time.perf_counter() - self._started
+        if self.should_stop():
+            self.stop()
+            return
+        self._made.extend(audio)
 
     def add(self, row: torch.Tensor | None) -> None:
         """One more frame (``[G]`` codes), or None: the end (end of speech, the budget or a stop)."""
@@ -679,29 +727,30 @@ class Synthesis:
             return
         self._pending.append(row)
         self._frames += 1
-        if len(self._pending) < (self.first if self._first_chunk_s is None else self.chunk):
+        if len(self._pending) < (self.chunk if self._pushed else self.first):
             if self.sequence is not None and self.sequence.done:
                 self._end()
             return
-        audio = _decode(self.codec, self._pending)
+        self.chunks.push(self._pending, inline=not self._pushed)  # the first chunk as soon as it can be
+        self._pushed = True
         self._pending = []
-        if self._first_chunk_s is None:
-            self._first_chunk_s = time.perf_counter() - self._started
-        if self.should_stop():
-            self.stop()
+        self._collect(self.chunks.ready())
+        if self.done:
             return
-        self._made.append(audio)
         if self.sequence is not None and self.sequence.done:
             self._end()
 
     def _end(self) -> None:
-        self.done = True
         if self.should_stop():
-            self._pending = []
+            self.stop()
             return
         if self._pending:
-            self._made.append(_decode(self.codec, self._pending))
+            self.chunks.push(self._pending)
             self._pending = []
+        self._collect(self.chunks.drain())
+        if self.done:  # stopped while the last chunks were decoded
+            return
+        self.done = True
         tail = self.codec.flush()
         if tail is not None and tail.numel() > 0:
             self._made.append(tail.detach().float().cpu().numpy().astype(np.float32, copy=False))

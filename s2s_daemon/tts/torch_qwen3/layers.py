@@ -410,12 +410,20 @@ class DecoderStack(nn.Module):
 
 
 class KVCache:
-    """Preallocated keys and values for every layer: ``[layers, 1, kv_heads, max_len, head_dim]``."""
+    """Preallocated keys and values for every layer: ``[layers, 1, kv_heads, max_len, head_dim]``.
+
+    On the CPU the buffers are left unwritten: every reader there (the eager attention's slice, the
+    native stack) reads only the positions written before it, and a page of a fresh allocation
+    becomes resident only when written, so a cache sized for the whole frame budget costs memory
+    for the positions an utterance reaches. CUDA graphs attend over the whole cache under a mask,
+    where an unwritten NaN would poison the sum: zeros there.
+    """
 
     __slots__ = ("k", "max_len", "v")
 
     def __init__(self, cfg: DecoderConfig, max_len: int, device: torch.device, dtype: torch.dtype) -> None:
         shape = (cfg.num_layers, 1, cfg.num_kv_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        make = torch.empty if torch.device(device).type == "cpu" else torch.zeros
+        self.k = make(shape, device=device, dtype=dtype)
+        self.v = make(shape, device=device, dtype=dtype)
         self.max_len = max_len

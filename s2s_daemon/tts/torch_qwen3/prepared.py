@@ -10,10 +10,11 @@ starts map it (``mmap``, private, never written) and build the modules over the 
 nothing is read or converted, and the weights are page-cache pages, resident once touched.
 
 Tensors the engine uses exactly as the checkpoint stores them are not copied into the entry: the
-151936-row text embedding (kept in the checkpoint's dtype) and, where the dtypes agree, norms,
-embeddings, biases and unfused float weights. The entry names them and they are mapped from the
-checkpoint itself, where only the pages the engine touches (a prompt's embedding rows) become
-resident. Without the cache, the packed tensors live in memory and the same tensors are mapped.
+embedding tables (the 151936-row text table and the codec tables, kept in the checkpoint's dtype:
+``checkpoint.STORED_DTYPE_TABLES``) and, where the dtypes agree, norms, biases and unfused float
+weights. The entry names them and they are mapped from the checkpoint itself, where only the pages
+the engine touches (the rows looked up) become resident. Without the cache, the packed tensors
+live in memory and the same tensors are mapped.
 
 An entry ``<root>/<format>-<digest>/`` holds:
 
@@ -63,22 +64,22 @@ from s2s_daemon.tts.torch_qwen3.checkpoint import (
     DTYPE_NAMES,
     DTYPES,
     IGNORED_PREFIXES,
-    STORED_DTYPE_TENSORS,
     Stored,
     TensorFiles,
     check_tensors,
     itemsize,
+    keeps_stored_dtype,
     map_file,
     tensor_view,
     weight_files,
 )
 from s2s_daemon.tts.torch_qwen3.config import ModelConfig
 from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, no_weight_init
-from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights
+from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights, rows_in
 
 log = structlog.get_logger(__name__)
 
-PREPARED_VERSION = 1
+PREPARED_VERSION = 2
 """Version of the entry layout and of what ``_prepare`` puts in it; bump with any change to either."""
 ALIGN = 64
 """Byte alignment of every tensor in ``tensors.bin`` (a cache line; the kernels' loads are unaligned)."""
@@ -149,8 +150,8 @@ def _plan(weights: nn.Module, fmt: str, group: int) -> tuple[dict[str, nn.Linear
 
 
 def _target_dtype(name: str, stored: torch.dtype, dtype: torch.dtype) -> torch.dtype:
-    """``checkpoint.cast_floating``'s rule: floating tensors in ``dtype``, except ``STORED_DTYPE_TENSORS``."""
-    return stored if name in STORED_DTYPE_TENSORS or not stored.is_floating_point else dtype
+    """``checkpoint.cast_floating``'s rule: floating tensors in ``dtype``, except ``STORED_DTYPE_TABLES``."""
+    return stored if keeps_stored_dtype(name) or not stored.is_floating_point else dtype
 
 
 class _Sink(Protocol):
@@ -414,7 +415,7 @@ def _assemble(
         t = tensors.get(name)
         if t is None or tuple(t.shape) != shape:
             raise PreparedError(f"{name}: {'missing' if t is None else tuple(t.shape)}, the model needs {shape}")
-        if t.is_floating_point() and name not in STORED_DTYPE_TENSORS and t.dtype != dtype:
+        if t.is_floating_point() and not keeps_stored_dtype(name) and t.dtype != dtype:
             raise PreparedError(f"{name} is {t.dtype}, the model runs in {dtype}")
         state[name] = t
     weights.load_state_dict(state, strict=True, assign=True)
@@ -590,6 +591,7 @@ def load_talker(
         ck.close()
     weights.eval()
     weights.requires_grad_(False)
+    rows_in(weights, dtype)
     native.fuse_stacks(weights.talker, ext)
     log.info(
         "talker_weights_ready",

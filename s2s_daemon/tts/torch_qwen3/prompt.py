@@ -138,12 +138,12 @@ def build_embeddings(
     ``ref_codes``: ``[T, G]`` reference frames for ICL cloning (needs ``tokens.ref_ids``).
     """
     tc = cfg.talker
-    weight = talker.model.codec_embedding.weight
-    device, dtype = weight.device, weight.dtype
+    table = talker.model.codec_embedding
+    device, dtype = table.weight.device, table.out_dtype
 
     def text(ids: list[int] | tuple[int, ...]) -> torch.Tensor:
         t = torch.tensor([list(ids)], dtype=torch.long, device=device)
-        rows = talker.model.text_embedding(t).to(talker.model.codec_embedding.weight.dtype)  # stored dtype -> model's
+        rows = talker.model.text_embedding(t).to(dtype)  # the model's dtype (LookupTable casts them)
         return talker.text_projection(rows)[0]  # type: ignore[no-any-return]
 
     def codec(ids: list[int]) -> torch.Tensor:

@@ -15,13 +15,43 @@ from s2s_daemon.tts.torch_qwen3.config import TalkerConfig
 from s2s_daemon.tts.torch_qwen3.layers import DecoderStack
 
 
+class LookupTable(nn.Embedding):
+    """An embedding table kept in the checkpoint's dtype whose rows come out in ``rows_dtype``.
+
+    Casting a looked-up row gives the values a table cast whole would hold, so the tables stay as
+    stored (``checkpoint.STORED_DTYPE_TABLES``): mapped from the checkpoint, only the rows looked up
+    become resident, at the stored width (bfloat16 in the released checkpoints: half of float32).
+    ``scripts/bench_load.py`` shows the resident mappings.
+    """
+
+    rows_dtype: torch.dtype | None = None
+    """The dtype of the rows handed out (``rows_in``); None: the table's own."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = super().forward(ids)
+        dtype = self.rows_dtype
+        return rows if dtype is None or rows.dtype == dtype else rows.to(dtype)
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        """The dtype of the rows handed out."""
+        return self.rows_dtype if self.rows_dtype is not None else self.weight.dtype
+
+
+def rows_in(root: nn.Module, dtype: torch.dtype) -> None:
+    """Make every ``LookupTable`` under ``root`` hand out rows in ``dtype`` (the runtime dtype)."""
+    for module in root.modules():
+        if isinstance(module, LookupTable):
+            module.rows_dtype = dtype
+
+
 class TalkerBackbone(DecoderStack):
     """``talker.model``: the decoder stack plus the codec and text embedding tables."""
 
     def __init__(self, cfg: TalkerConfig) -> None:
         super().__init__(cfg.decoder)
-        self.codec_embedding = nn.Embedding(cfg.decoder.vocab_size, cfg.decoder.hidden_size)
-        self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
+        self.codec_embedding = LookupTable(cfg.decoder.vocab_size, cfg.decoder.hidden_size)
+        self.text_embedding = LookupTable(cfg.text_vocab_size, cfg.text_hidden_size)
 
 
 class TextProjection(nn.Module):
@@ -42,7 +72,7 @@ class PredictorBackbone(DecoderStack):
     def __init__(self, cfg: TalkerConfig) -> None:
         super().__init__(cfg.predictor)
         self.codec_embedding = nn.ModuleList(
-            [nn.Embedding(cfg.predictor.vocab_size, cfg.decoder.hidden_size) for _ in range(cfg.num_code_groups - 1)]
+            [LookupTable(cfg.predictor.vocab_size, cfg.decoder.hidden_size) for _ in range(cfg.num_code_groups - 1)]
         )
 
 

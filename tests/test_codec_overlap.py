@@ -1,0 +1,148 @@
+"""The codec on a thread of its own (``codec_overlap``): the same audio as decoded in line, in order;
+stops, errors and closing behave as in line."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest  # noqa: E402
+from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine  # noqa: E402
+from s2s_daemon.tts.torch_qwen3.overlap import ChunkQueue, CodecWorker  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
+
+CV = Path(__file__).parent / "fixtures" / "qwen3_tiny" / "custom_voice"
+REQUEST = SynthesisRequest(text="Hello there, this is a test.", voice="Ryan", language="english", greedy=True,
+                           chunk_frames=3)  # fmt: skip
+
+
+def _engine(overlap: bool, threads: str = "1", **extra: str) -> TorchQwen3Engine:
+    options = EngineOptions(model=str(CV), device="cpu", dtype="float32",
+                            extra={"codec_overlap": "on" if overlap else "off", "threads": threads, "max_frames": "14",
+                                   "prepared_cache": "0", "codec_dtype": "float32", **extra})  # fmt: skip
+    engine = TorchQwen3Engine(options)
+    engine.load_blocking()
+    assert (engine.codec_worker is not None) == overlap
+    return engine
+
+
+def _chunks(engine: TorchQwen3Engine, request: SynthesisRequest = REQUEST) -> list[np.ndarray]:
+    return list(engine.synthesize_blocking(request, lambda: False))
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_the_same_audio_in_the_same_chunks_as_decoded_in_line(threads: str) -> None:
+    results = []
+    for overlap in (False, True):
+        engine = _engine(overlap, threads)
+        try:
+            results.append((_chunks(engine), _chunks(engine)))  # twice: a kept prompt prefix, a second stream
+        finally:
+            engine.close_blocking()
+    (inline_a, inline_b), (overlap_a, overlap_b) = results
+    for inline, overlapped in ((inline_a, overlap_a), (inline_b, overlap_b)):
+        assert [len(c) for c in inline] == [len(c) for c in overlapped]
+        assert len(inline) > 3  # 1, then 3 at a time: several pushes in flight
+        for a, b in zip(inline, overlapped, strict=True):
+            if threads == "1":  # one thread everywhere: the same arithmetic, bit for bit
+                assert np.array_equal(a, b)
+            else:  # a push on one thread or two may sum in another order
+                np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_batched_requests_decode_the_same_with_the_overlap() -> None:
+    audio = []
+    for overlap in (False, True):
+        engine = _engine(overlap)
+        try:
+            batch = [engine.open_blocking(REQUEST, lambda: False) for _ in range(2)]
+            got: list[list[np.ndarray]] = [[], []]
+            while not all(s.done for s in batch):
+                engine.step_blocking(batch)
+                for i, synthesis in enumerate(batch):
+                    got[i].extend(synthesis.take())
+            for i, synthesis in enumerate(batch):
+                got[i].extend(synthesis.take())
+            audio.append([np.concatenate(g) for g in got])
+        finally:
+            engine.close_blocking()
+    for a, b in zip(audio[0], audio[1], strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_a_stop_ends_the_stream_and_leaves_no_push_running() -> None:
+    engine = _engine(True)
+    try:
+        stop = threading.Event()
+        chunks = []
+        for chunk in engine.synthesize_blocking(REQUEST, stop.is_set):
+            chunks.append(chunk)
+            stop.set()
+        assert len(chunks) == 1
+        assert engine.codec_worker is not None and not engine.codec_worker.busy()
+        assert len(_chunks(engine)) > 3  # the engine goes on
+    finally:
+        engine.close_blocking()
+    assert engine.codec_worker is None
+
+
+def test_an_error_of_a_push_on_the_worker_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _engine(True)
+    try:
+        from s2s_daemon.tts.torch_qwen3.codec import StreamingDecodeState
+
+        pushes = {"n": 0}
+        push = StreamingDecodeState.push
+
+        def failing(self: Any, codes: Any) -> Any:
+            pushes["n"] += 1
+            if pushes["n"] == 2:
+                raise RuntimeError("codec failed")
+            return push(self, codes)
+
+        monkeypatch.setattr(StreamingDecodeState, "push", failing)
+        with pytest.raises(RuntimeError, match="codec failed"):
+            _chunks(engine)
+    finally:
+        engine.close_blocking()
+
+
+def test_chunks_come_out_in_order_and_a_stream_is_pushed_by_one_thread_at_a_time() -> None:
+    """Slow and fast pushes on the worker: ``ready`` hands them out in submission order, and no two
+    pushes of the stream overlap."""
+    worker = CodecWorker(threads=1, total=2)
+    active = {"n": 0, "most": 0}
+    lock = threading.Lock()
+    gate = threading.Event()
+
+    def decode(_stream: Any, rows: list[Any]) -> Any:
+        with lock:
+            active["n"] += 1
+            active["most"] = max(active["most"], active["n"])
+        if int(rows[0]) == 0:
+            gate.wait(5)  # the first push waits until everything else was submitted
+        with lock:
+            active["n"] -= 1
+        return np.full(2, int(rows[0]), dtype=np.float32)
+
+    queue = ChunkQueue(decode, object(), worker)
+    try:
+        queue.push([torch.tensor(0)])
+        assert worker.busy() and worker.talker_threads() == 1
+        assert queue.ready() == []
+        gate.set()
+        for i in range(1, 6):
+            queue.push([torch.tensor(i)])
+        got = [int(c[0]) for c in queue.drain()]
+        assert got == [0, 1, 2, 3, 4, 5]
+        assert active["most"] == 1
+        assert not worker.busy() and worker.talker_threads() == 2
+    finally:
+        worker.close()

@@ -1,0 +1,202 @@
+"""The quality guard of the codec decoder's paths, and how ``auto`` chooses one.
+
+Every path ``pick_codec_weights`` can choose under ``auto`` is decoded against the float32 decoder
+on random decoders of the released 0.6B shapes and on the tiny golden fixture (the official
+float32 waveform), and must meet ``quality.MIN_SNR_DB`` and ``quality.MAX_LOG_MEL_DB``. A path
+broken on purpose must miss them (the guard can fail).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from s2s_daemon.tts.torch_qwen3 import codec as codec_mod  # noqa: E402
+from s2s_daemon.tts.torch_qwen3 import native, quality  # noqa: E402
+from s2s_daemon.tts.torch_qwen3.codec import CodecDecoder, pick_codec_weights  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(900)]
+
+FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tiny"
+AUTO_PATHS = {torch.float32, torch.bfloat16}
+"""What ``auto`` can choose (``pick_codec_weights``): each is guarded below."""
+
+
+@pytest.fixture(scope="module")
+def ext() -> Any:
+    reason = native.why_not_here()
+    if reason is not None:
+        pytest.skip(f"the bfloat16 decoder needs the native kernels: {reason}")
+    module = native.load()
+    assert module is not None, native.unavailable_reason()
+    return module
+
+
+def _decoder(folder: Path, weights: Any, ext: Any) -> CodecDecoder:
+    """As the engine loads it on the CPU."""
+    decoder = CodecDecoder.from_folder(folder, "cpu", torch.float32, weights)
+    native.pack_linears(decoder, "bfloat16" if weights == torch.bfloat16 else "float32", ext)
+    decoder.use_native(ext)
+    return decoder
+
+
+def _streamed(decoder: CodecDecoder, codes: Any, chunk: int) -> Any:
+    stream = decoder.stream()
+    return torch.cat([stream.push(codes[i : i + chunk]) for i in range(0, codes.shape[0], chunk)])
+
+
+def write_decoder(out: Path, size: str, seed: int) -> Path:
+    """A speech-tokenizer folder with the decoder of ``make_checkpoint``'s random ``size`` checkpoint
+    (its init: audible, unclipped noise), for ``seed``; the encoder is left out."""
+    from safetensors.torch import save_file
+
+    from s2s_daemon.tools import checkpoint_layout as layout
+    from s2s_daemon.tools.make_checkpoint import _tensors
+
+    spec = layout.SIZE_SPECS[size]
+    shapes = {k: v for k, v in layout.speech_tokenizer_param_shapes(size).items() if k.startswith("decoder.")}
+    final_conv = f"decoder.decoder.{len(spec.dec_upsample_rates) + 2}.conv.weight"
+    tensors = _tensors(shapes, seed, torch.float32, final_conv, len(spec.dec_upsample_rates))
+    out.mkdir(parents=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(layout.speech_tokenizer_config(size)), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def released_shapes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield write_decoder(tmp_path_factory.mktemp("codec") / "speech_tokenizer", "0.6b", seed=7)
+
+
+def _assert_guarded(reference: Any, audio: Any, what: str) -> quality.Quality:
+    q = quality.compare(reference, audio)
+    assert q.passes, f"{what}: {q}"
+    return q
+
+
+def test_every_auto_path_passes_on_a_random_released_shape_decoder(ext: Any, released_shapes: Path) -> None:
+    """Random 0.6B-shaped weights, random codes, streamed in four-frame pushes and one 12-frame push
+    (the paths differ by columns: native few-row products, oneDNN beyond)."""
+    codes = torch.randint(0, 2048, (12, 16), generator=torch.Generator().manual_seed(3))
+    reference = _decoder(released_shapes, torch.float32, ext)
+    expected = reference.decode(codes)
+    assert float(expected.pow(2).mean().sqrt()) > 0.02 and float((expected.abs() >= 1).float().mean()) < 0.01
+    del reference
+    for weights in AUTO_PATHS - {torch.float32}:
+        decoder = _decoder(released_shapes, weights, ext)
+        assert decoder.weights_dtype() == weights
+        for chunk in (4, 12):
+            _assert_guarded(expected, _streamed(decoder, codes, chunk), f"{weights}, pushes of {chunk}")
+
+
+@pytest.mark.parametrize("case", ["cv_ryan_english", "base_icl"])
+def test_every_auto_path_passes_on_the_golden_fixture(ext: Any, case: str) -> None:
+    """The tiny checkpoint's decoder on the official talker's codes: against the official float32
+    waveform, and against our float32 decoder."""
+    import numpy as np
+
+    with np.load(FIXTURES / "golden" / f"{case}.npz") as data:
+        codes, official = torch.from_numpy(data["codes"]), torch.from_numpy(data["wav"])
+    folder = FIXTURES / ("base" if case.startswith("base") else "custom_voice") / "speech_tokenizer"
+    ours = _decoder(folder, torch.float32, ext).decode(codes)
+    if case == "cv_ryan_english":  # the ICL golden's wav has the reference's frames cut off
+        _assert_guarded(official, ours, "float32 against the official waveform")
+    for weights in AUTO_PATHS - {torch.float32}:
+        audio = _streamed(_decoder(folder, weights, ext), codes, 4)
+        _assert_guarded(ours, audio, f"{weights} against float32")
+        if case == "cv_ryan_english":
+            _assert_guarded(official, audio, f"{weights} against the official waveform")
+
+
+def test_a_broken_path_misses_the_guard(ext: Any, released_shapes: Path) -> None:
+    """The decoder run in bfloat16 throughout (activations, residual sums and SnakeBeta too, as on a
+    GPU): what the bfloat16 path keeps in float32, and what the guard must reject; silence too."""
+    codes = torch.randint(0, 2048, (12, 16), generator=torch.Generator().manual_seed(5))
+    expected = _decoder(released_shapes, torch.float32, ext).decode(codes)
+    assert quality.compare(expected, _decoder(released_shapes, torch.bfloat16, ext).decode(codes)).passes
+    throughout = CodecDecoder.from_folder(released_shapes, "cpu", torch.bfloat16).decode(codes).float()
+    broken = quality.compare(expected, throughout)
+    assert not broken.passes, f"a decoder in bfloat16 throughout passed the guard: {broken}"
+    silent = quality.compare(expected, torch.zeros_like(expected))
+    assert not silent.passes and silent.log_mel_db > 10 * quality.MAX_LOG_MEL_DB
+
+
+def test_the_bfloat16_path_keeps_activations_norms_and_snake_in_float32(ext: Any) -> None:
+    folder = FIXTURES / "custom_voice" / "speech_tokenizer"
+    decoder = _decoder(folder, torch.bfloat16, ext)
+    seen: set[Any] = set()
+    hooks = [
+        m.register_forward_pre_hook(lambda _m, args: seen.add(args[0].dtype))
+        for m in decoder.modules()
+        if isinstance(m, (codec_mod.SnakeBeta, codec_mod.RMSNorm, torch.nn.LayerNorm))
+    ]
+    decoder.stream().push(torch.zeros(3, 16, dtype=torch.long))
+    for hook in hooks:
+        hook.remove()
+    assert seen == {torch.float32}
+    snakes = [m for m in decoder.modules() if isinstance(m, codec_mod.SnakeBeta)]
+    assert snakes and all(m.alpha.dtype == torch.float32 and m.beta.dtype == torch.float32 for m in snakes)
+    convs = [m for m in decoder.modules() if isinstance(m, codec_mod.CausalConvTranspose1d)]
+    assert convs and all(m.weight_t is not None and m.weight_t.dtype == torch.bfloat16 for m in convs)
+    linears = [m for m in decoder.modules() if isinstance(m, native.PackedLinear)]
+    assert linears and all(m.fmt == "bfloat16" for m in linears)
+
+
+@pytest.mark.parametrize(
+    ("requested", "has_ext", "flags", "want"),
+    [
+        ("auto", True, {"avx2", "fma", "avx512f", "avx512_bf16"}, torch.bfloat16),  # AMD EPYC (Zen 4/5)
+        (None, True, {"avx2", "fma", "amx_bf16", "amx_tile", "avx512_bf16"}, torch.bfloat16),  # Intel Xeon SPR
+        ("auto", True, {"avx2", "fma"}, torch.float32),  # AVX2-only EPYC
+        ("auto", True, {"avx2", "fma", "avx512f", "avx512bw"}, torch.float32),  # AVX-512 without bfloat16
+        ("auto", False, {"avx512_bf16"}, torch.float32),  # no native kernels (ARM, no compiler)
+        ("float32", True, {"avx512_bf16"}, torch.float32),
+        ("bfloat16", True, {"avx2", "fma"}, torch.bfloat16),  # asked for: allowed, if slow
+        (" BFloat16 ", True, set(), torch.bfloat16),
+    ],
+)
+def test_auto_chooses_bfloat16_only_with_bfloat16_dot_products(
+    requested: str | None, has_ext: bool, flags: set[str], want: Any
+) -> None:
+    dtype, why = pick_codec_weights(requested, object() if has_ext else None, flags)
+    assert dtype == want and why
+    assert dtype in AUTO_PATHS
+
+
+@pytest.mark.parametrize(("requested", "has_ext"), [("fp8", True), ("bfloat16", False)])
+def test_a_codec_dtype_that_cannot_be_had_is_an_error(requested: str, has_ext: bool) -> None:
+    with pytest.raises(ValueError, match="codec_dtype"):
+        pick_codec_weights(requested, object() if has_ext else None, set())
+
+
+def test_the_engine_takes_the_codec_dtype_option(ext: Any) -> None:
+    import numpy as np
+
+    from s2s_daemon.tts.engine import EngineError, EngineOptions, SynthesisRequest
+    from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
+
+    def engine(value: str) -> TorchQwen3Engine:
+        options = EngineOptions(model=str(FIXTURES / "custom_voice"), device="cpu", kernels="native",
+                                extra={"codec_dtype": value, "prepared_cache": "0", "max_frames": "6"})  # fmt: skip
+        e = TorchQwen3Engine(options)
+        e.load_blocking()
+        return e
+
+    request = SynthesisRequest(text="Hello there.", voice="Ryan", language="english", greedy=True)
+    audio = {}
+    for value in ("float32", "bfloat16"):
+        e = engine(value)
+        try:
+            assert e.codec.weights_dtype() == getattr(torch, value)
+            audio[value] = torch.from_numpy(np.concatenate(list(e.synthesize_blocking(request, lambda: False))))
+        finally:
+            e.close_blocking()
+    _assert_guarded(audio["float32"], audio["bfloat16"], "the engine's bfloat16 decoder")
+    with pytest.raises(EngineError, match="codec_dtype"):
+        engine("half")

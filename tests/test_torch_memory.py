@@ -1,0 +1,126 @@
+"""What the torch engine keeps resident: KV caches where written, codec tables without their sums.
+
+Residency is read from ``/proc/self/status`` (Linux): allocations of hundreds of MB whose pages are
+or are not touched, far apart from any noise of the test process itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest  # noqa: E402
+from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine, layers  # noqa: E402
+from s2s_daemon.tts.torch_qwen3.config import DecoderConfig  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("torch_one_thread")]
+
+CV = Path(__file__).parent / "fixtures" / "qwen3_tiny" / "custom_voice"
+LINUX = pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads /proc/self/status (Linux)")
+REQUEST = SynthesisRequest(text="Hello there, this is a test.", voice="Ryan", language="english", greedy=True)
+
+
+def _anon_mib() -> float:
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+@LINUX
+def test_a_cpu_kv_cache_is_resident_only_where_written() -> None:
+    """The released talker's shapes, 2048 positions: 470 MB of keys and values, of which a
+    64-position utterance writes 15."""
+    talker = DecoderConfig(
+        hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
+        rms_norm_eps=1e-6, rope_theta=1e6, attention_bias=False, vocab_size=3072,
+    )  # fmt: skip
+    before = _anon_mib()
+    cache = layers.KVCache(talker, 2048, torch.device("cpu"), torch.float32)
+    assert cache.k.numel() * 4 * 2 > 400 << 20
+    cache.k[:, :, :, :64] = 1.0
+    cache.v[:, :, :, :64] = 1.0
+    grown = _anon_mib() - before
+    assert grown < 64, f"{grown:.0f} MiB resident for 15 MiB written"
+
+
+@pytest.fixture
+def poisoned_caches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every KV cache made filled with NaN, as unwritten memory may hold."""
+    made = layers.KVCache.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        self.k.fill_(float("nan"))
+        self.v.fill_(float("nan"))
+
+    monkeypatch.setattr(layers.KVCache, "__init__", init)
+    yield
+
+
+def _codes(kernels: str, quantization: str, batched: bool) -> Any:
+    options = EngineOptions(model=str(CV), device="cpu", dtype="float32", quantization=quantization,
+                            kernels=kernels, extra={"prepared_cache": "0"})  # fmt: skip
+    engine = TorchQwen3Engine(options)
+    engine.load_blocking()
+    try:
+        if not batched:
+            return [engine.codes_blocking(REQUEST, max_frames=6) for _ in range(2)]  # the second from a kept prefix
+        assert engine.runtime is not None and engine.gen is not None
+        rows = []
+        with torch.inference_mode():
+            prompt, _, _, _ = engine.prepare(REQUEST)
+            from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions
+
+            seqs = [engine.runtime.start(prompt, DecodeOptions(6, True, None)) for _ in range(2)]
+            while not all(s.done for s in seqs):
+                rows.append([None if r is None else r.clone() for r in engine.runtime.step_batch(seqs, engine.gen)])
+        return rows
+    finally:
+        engine.close_blocking()
+
+
+@pytest.mark.parametrize(
+    ("kernels", "quantization", "batched"),
+    [("torch", "none", False), ("native", "int8", False), ("native", "int8", True)],
+)
+def test_no_reader_sees_an_unwritten_cache_position(kernels: str, quantization: str, batched: bool,
+                                                   request: pytest.FixtureRequest) -> None:  # fmt: skip
+    clean = _codes(kernels, quantization, batched)
+    request.getfixturevalue("poisoned_caches")
+    poisoned = _codes(kernels, quantization, batched)
+    assert len(clean) == len(poisoned)
+    for a, b in zip(clean, poisoned, strict=True):
+        if isinstance(a, list):
+            assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a, b, strict=True))
+        else:
+            assert torch.equal(a, b)
+
+
+def test_codebook_sums_are_not_kept_beside_their_tables() -> None:
+    """The decoder computes its codebook tables at load and keeps the tables alone (the parameters
+    become the table and ones, which give the same table)."""
+    from s2s_daemon.tts.torch_qwen3.codec import CodecDecoder, _Codebook
+
+    decoder = CodecDecoder.from_folder(CV / "speech_tokenizer")
+    books = [m for m in decoder.modules() if isinstance(m, _Codebook)]
+    assert books
+    for book in books:
+        assert book.embedding_sum.data_ptr() == book.table().data_ptr()  # one tensor, not two
+        assert torch.equal(book.cluster_usage, torch.ones_like(book.cluster_usage))
+    raw = _Codebook(*books[0].embedding_sum.shape)
+    from safetensors.torch import load_file
+
+    stored = load_file(str(CV / "speech_tokenizer" / "model.safetensors"))
+    key = "decoder.quantizer.rvq_first.vq.layers.0._codebook"
+    raw.embedding_sum.data = stored[f"{key}.embedding_sum"].float()  # loaded in the decoder's dtype
+    raw.cluster_usage.data = stored[f"{key}.cluster_usage"].float()
+    assert torch.equal(books[0].table(), raw.table())
+    assert books[0].table().grad_fn is None  # no graph keeps the read sums alive
+    assert decoder.stream().push(torch.zeros(3, 16, dtype=torch.long)).abs().sum() > 0
