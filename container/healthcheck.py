@@ -1,10 +1,11 @@
 #!/opt/s2s/venv/bin/python
 """The image's HEALTHCHECK: exit 0 when the daemon's ``GET /ready`` answers 200, else 1.
 
-The address comes from the daemon's own configuration (``S2S_CONFIG`` and the ``S2S_``
-variables), so a port moved with ``S2S_HTTP__PORT`` is still the one asked. The reason for a
-failure is printed: the container runtime keeps it in the health log (``podman healthcheck run``,
-``docker inspect``).
+``/ready`` is served by the monitor listener (``monitor.enabled``) and by the speech API's port
+(``http.enabled``); this asks the first of them that is on. The address comes from the daemon's
+own configuration (``S2S_CONFIG`` and the ``S2S_`` variables), so a port moved with
+``S2S_HTTP__PORT`` is still the one asked. The reason for a failure is printed: the container
+runtime keeps it in the health log (``podman healthcheck run``, ``docker inspect``).
 """
 
 from __future__ import annotations
@@ -23,17 +24,21 @@ TIMEOUT_S = 5.0
 
 
 def probe_url() -> str:
-    """``/ready`` on the HTTP listener, reached over loopback when it listens on every interface."""
+    """``/ready`` on the monitor listener or the speech API, over loopback when it listens on every interface."""
     config_file = os.environ.get("S2S_CONFIG")
     config = load_config(Path(config_file) if config_file else None)
-    if not config.http.enabled:
-        raise ConfigError("http.enabled is false: there is no /ready to ask")
-    host = config.http.host
+    monitor = getattr(config, "monitor", None)  # a daemon from before the monitor listener has none
+    if monitor is not None and monitor.enabled:
+        host, port = monitor.host, monitor.port
+    elif config.http.enabled:
+        host, port = config.http.host, config.http.port
+    else:
+        raise ConfigError("monitor.enabled and http.enabled are both false: no listener serves /ready")
     if host in ("0.0.0.0", "", "::"):
         host = "127.0.0.1"
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{config.http.port}/ready"
+    return f"http://{host}:{port}/ready"
 
 
 def main() -> int:

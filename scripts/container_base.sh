@@ -4,6 +4,9 @@
 #   source scripts/container_base.sh    (scripts/container_check.sh and scripts/addon_check.sh do)
 #   bash scripts/container_base.sh      only make sure the base image exists, and print its name
 #
+# Sourcing also defines s2s_build_inputs (how pip inside a build reaches the index here) and
+# s2s_free_ports.
+#
 # Installs podman, runc and debootstrap when missing (root or sudo). Podman reads a
 # containers.conf of this script's own (CONTAINERS_CONF; the system's file is left alone) that
 # selects runc and sets no default ulimits: crun, and runc with the default ulimits, fail in
@@ -58,6 +61,51 @@ s2s_base_image() {
   }
   _s2s_sudo tar -C "$rootfs" -c . | podman import --quiet - "$S2S_BASE_IMAGE" >/dev/null
   _s2s_sudo rm -rf "$rootfs"
+}
+
+_s2s_host_pip() {  # one of this machine's pip settings: the environment first, then pip config
+  local value=${!1:-}
+  [ -n "$value" ] || value=$(python3 -m pip config get "global.$2" 2>/dev/null || true)
+  printf '%s' "$value"
+}
+
+# s2s_build_inputs DIR: fill S2S_BUILD_FLAGS with what a build here needs for pip inside it to reach
+# the package index as this machine's pip does: the folder holding the torch CPU wheel
+# (S2S_TORCH_WHEELS, else the one of pip's find-links that holds torch-2.13.0+cpu) bound in and
+# named in TORCH_PIP_ARGS, and pip's certificate bundle (a TLS-intercepting proxy's CA) bound in
+# with a pip.conf, written into DIR, that names it. Without either, the build uses its defaults
+# (the PyTorch CPU index, PyPI with the image's own certificates).
+s2s_build_inputs() {
+  local dir wheels=${S2S_TORCH_WHEELS:-} cert
+  S2S_BUILD_FLAGS=()
+  S2S_BUILD_SOURCES="torch: the PyTorch CPU index"
+  if [ -z "$wheels" ]; then
+    for dir in $(_s2s_host_pip PIP_FIND_LINKS find-links); do
+      dir=${dir#file://}
+      if compgen -G "$dir/torch-2.13.0+cpu-*.whl" >/dev/null; then wheels=$dir; break; fi
+    done
+  fi
+  if [ -n "$wheels" ]; then
+    S2S_BUILD_FLAGS+=(-v "$wheels:/run/s2s-build/wheels:ro" --build-arg "TORCH_PIP_ARGS=--find-links /run/s2s-build/wheels")
+    S2S_BUILD_SOURCES="torch: $wheels"
+  fi
+  cert=$(_s2s_host_pip PIP_CERT cert)
+  if [ -n "$cert" ] && [ -f "$cert" ]; then
+    printf '[global]\ncert = /run/s2s-build/ca.crt\n' >"$1/pip.conf"
+    S2S_BUILD_FLAGS+=(-v "$cert:/run/s2s-build/ca.crt:ro" -v "$1/pip.conf:/etc/pip.conf:ro")
+    S2S_BUILD_SOURCES+="; pip certificates: $cert"
+  fi
+}
+
+# s2s_free_ports N: N loopback TCP ports free now, on one line.
+s2s_free_ports() {
+  python3 -c '
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))
+' "$1"
 }
 
 s2s_container_tools

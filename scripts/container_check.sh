@@ -30,7 +30,6 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
 IMAGE=${S2S_IMAGE:-localhost/s2s-daemon:cpu}
-TORCH_VERSION=2.13.0
 NAME=s2s-container-check
 VOLUME=s2s-container-check-data
 started_s=$SECONDS
@@ -71,36 +70,13 @@ report() {  # report NAME ok|FAIL|SKIP DETAIL
   [ "$2" != FAIL ] || failures=$((failures + 1))
 }
 
-host_pip() {  # the value of one of this machine's pip settings (environment first, then pip config)
-  local env_name=$1 key=$2 value=${!1:-}
-  [ -n "$value" ] || value=$(python3 -m pip config get "global.$key" 2>/dev/null || true)
-  printf '%s' "$value"
-}
-
 # --- build ----------------------------------------------------------------------------------
 if [ "${S2S_CHECK_BUILD:-1}" != 0 ]; then
-  build_args=(--build-arg "BASE_IMAGE=$S2S_BASE_IMAGE")
-  mounts=()
-  wheels=${S2S_TORCH_WHEELS:-}
-  if [ -z "$wheels" ]; then
-    for dir in $(host_pip PIP_FIND_LINKS find-links); do
-      dir=${dir#file://}
-      if compgen -G "$dir/torch-$TORCH_VERSION+cpu-*.whl" >/dev/null; then wheels=$dir; break; fi
-    done
-  fi
-  if [ -n "$wheels" ]; then
-    mounts+=(-v "$wheels:/run/s2s-build/wheels:ro")
-    build_args+=(--build-arg "TORCH_PIP_ARGS=--find-links /run/s2s-build/wheels")
-  fi
-  cert=$(host_pip PIP_CERT cert)
-  if [ -n "$cert" ] && [ -f "$cert" ]; then
-    printf '[global]\ncert = /run/s2s-build/ca.crt\n' >"$WORK/pip.conf"
-    mounts+=(-v "$cert:/run/s2s-build/ca.crt:ro" -v "$WORK/pip.conf:/etc/pip.conf:ro")
-  fi
-  echo "container_check: building $IMAGE on $S2S_BASE_IMAGE (torch from ${wheels:-the PyTorch CPU index}${cert:+; pip certificates: $cert})" >&2
+  s2s_build_inputs "$WORK"
+  echo "container_check: building $IMAGE on $S2S_BASE_IMAGE ($S2S_BUILD_SOURCES)" >&2
   build_started=$SECONDS
   if podman build --format docker --network host -f container/Containerfile -t "$IMAGE" \
-      "${build_args[@]}" "${mounts[@]}" . >"$WORK/build.log" 2>&1; then
+      --build-arg "BASE_IMAGE=$S2S_BASE_IMAGE" "${S2S_BUILD_FLAGS[@]}" . >"$WORK/build.log" 2>&1; then
     report build ok "$IMAGE, $((SECONDS - build_started)) s"
   else
     tail -20 "$WORK/build.log"
@@ -115,13 +91,7 @@ podman run --rm --network none --user 0:0 --entrypoint python -v "$WORK:/work" "
   || { tail -5 "$WORK/checkpoint.log"; report checkpoint FAIL "make_checkpoint in the image"; exit 1; }
 chmod -R a+rX "$WORK/tiny"
 
-read -r MQTT_PORT HTTP_PORT WYOMING_PORT < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(3)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in socks))
-')
+read -r MQTT_PORT HTTP_PORT WYOMING_PORT < <(s2s_free_ports 3)
 printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "$MQTT_PORT" >"$WORK/mosquitto.conf"
 "$MOSQUITTO" -c "$WORK/mosquitto.conf" >"$WORK/mosquitto.log" 2>&1 &
 pids+=($!)
