@@ -9,7 +9,8 @@
 #
 #   bash scripts/addon_check.sh
 #
-# Not part of scripts/test or CI (a first build takes minutes; see scripts/container_check.sh).
+# CI runs it after scripts/container_check.sh (.ci/run): about 6 minutes with the Debian base
+# already made, the build most of it.
 # The add-on installs s2s-daemon with pip: build.yaml names the release; this script builds a wheel
 # of the working tree and installs that instead. Environment: S2S_BASE_IMAGE, S2S_TORCH_WHEELS as
 # for scripts/container_check.sh; S2S_ADDON_IMAGE (default localhost/s2s-daemon-addon:amd64);
@@ -48,19 +49,18 @@ report() {  # report NAME ok|FAIL|SKIP DETAIL
   [ "$2" != FAIL ] || failures=$((failures + 1))
 }
 
-PY=.venv/bin/python
-if ! { [ -x "$PY" ] && "$PY" -c 'import wyoming, yaml' 2>/dev/null; }; then
-  PY=$S2S_CONTAINER_STATE/client-venv/bin/python
-  if ! { [ -x "$PY" ] && "$PY" -c 'import wyoming, yaml' 2>/dev/null; }; then
-    python3 -m venv "$S2S_CONTAINER_STATE/client-venv"
-    "$PY" -m pip install -q --disable-pip-version-check 'wyoming>=1.7,<2' pyyaml
-  fi
-fi
+PY=$(s2s_client_python)
 
 # --- build, as Home Assistant's builder does: build.yaml's args, BUILD_FROM, the add-on folder ---
-python3 -m pip wheel -q --no-deps -w "$WORK/dist" . >"$WORK/wheel.log" 2>&1 \
+# The wheel goes in a folder named by its digest: the install step's build argument names it,
+# so podman's layer cache is used again exactly when the code is the same (SOURCE_DATE_EPOCH
+# makes the wheel's bytes depend on the code only).
+SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel -q --no-deps -w "$WORK/wheel" . >"$WORK/wheel.log" 2>&1 \
   || { tail -5 "$WORK/wheel.log"; report wheel FAIL "pip wheel ."; exit 1; }
-wheel=$(basename "$WORK"/dist/s2s_daemon-*.whl)
+wheel=$(basename "$WORK"/wheel/s2s_daemon-*.whl)
+digest=$(sha256sum "$WORK/wheel/$wheel" | cut -c1-16)
+mkdir -p "$WORK/dist/$digest"
+mv "$WORK/wheel/$wheel" "$WORK/dist/$digest/"
 build_args=()
 while IFS= read -r arg; do build_args+=(--build-arg "$arg"); done < <("$PY" -c '
 import sys, yaml
@@ -72,7 +72,7 @@ echo "addon_check: building $IMAGE on $S2S_BASE_IMAGE with $wheel ($S2S_BUILD_SO
 build_started=$SECONDS
 if podman build --format docker --network host -f "$ADDON/Dockerfile" -t "$IMAGE" \
     --build-arg "BUILD_FROM=$S2S_BASE_IMAGE" "${build_args[@]}" \
-    --build-arg "S2S_DAEMON_SPEC=/run/s2s-build/dist/$wheel[torch,wyoming]" -v "$WORK/dist:/run/s2s-build/dist:ro" \
+    --build-arg "S2S_DAEMON_SPEC=/run/s2s-build/dist/$digest/$wheel[torch,wyoming]" -v "$WORK/dist:/run/s2s-build/dist:ro" \
     "${S2S_BUILD_FLAGS[@]}" "$ADDON" >"$WORK/build.log" 2>&1; then
   report build ok "$IMAGE, $((SECONDS - build_started)) s"
 else

@@ -4,8 +4,8 @@
 #   source scripts/container_base.sh    (scripts/container_check.sh and scripts/addon_check.sh do)
 #   bash scripts/container_base.sh      only make sure the base image exists, and print its name
 #
-# Sourcing also defines s2s_build_inputs (how pip inside a build reaches the index here) and
-# s2s_free_ports.
+# Sourcing also defines s2s_build_inputs (how pip inside a build reaches the index here),
+# s2s_free_ports and s2s_client_python.
 #
 # Installs podman, runc and debootstrap when missing (root or sudo). Podman reads a
 # containers.conf of this script's own (CONTAINERS_CONF; the system's file is left alone) that
@@ -106,6 +106,21 @@ for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
 ' "$1"
+}
+
+# s2s_client_python: prints a Python that has the wyoming client library and PyYAML (the repository's
+# .venv when it has them, else a small virtual environment of its own in S2S_CONTAINER_STATE).
+s2s_client_python() {
+  local py=.venv/bin/python
+  if ! { [ -x "$py" ] && "$py" -c 'import wyoming, yaml' 2>/dev/null; }; then
+    py=$S2S_CONTAINER_STATE/client-venv/bin/python
+    if ! { [ -x "$py" ] && "$py" -c 'import wyoming, yaml' 2>/dev/null; }; then
+      python3 -m venv "$S2S_CONTAINER_STATE/client-venv"
+      "$py" -m pip install -q --disable-pip-version-check 'wyoming>=1.7,<2' pyyaml \
+        >"$S2S_CONTAINER_STATE/client-venv.log" 2>&1 || { cat "$S2S_CONTAINER_STATE/client-venv.log" >&2; return 1; }
+    fi
+  fi
+  printf '%s' "$py"
 }
 
 s2s_container_tools

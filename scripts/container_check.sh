@@ -7,9 +7,10 @@
 #
 #   bash scripts/container_check.sh
 #
-# Not part of scripts/test or CI: a first build takes about 7 minutes on 2 cores (apt, pip,
-# the native kernels), a rebuild from podman's layer cache seconds, the checks about 2 minutes.
-# Needs root or sudo for apt (podman, runc, debootstrap, mosquitto, curl) and for debootstrap.
+# CI runs it after the tests (.ci/run); scripts/test does not. From nothing it takes about 7
+# minutes on 2 busy cores (the Debian base, apt, pip, the native kernels), from podman's layer
+# cache about 2 (the checks). Needs root or sudo for apt (podman, runc, debootstrap, mosquitto,
+# curl) and for debootstrap.
 #
 # Environment:
 #   S2S_IMAGE          the image to build and check (default localhost/s2s-daemon:cpu)
@@ -170,14 +171,7 @@ else
   report openai FAIL "POST /v1/audio/speech $code, $size bytes: $(head -c 200 "$WORK/openai.wav" 2>/dev/null | tr -d '\0')"
 fi
 
-PY=.venv/bin/python
-if ! { [ -x "$PY" ] && "$PY" -c 'import wyoming' 2>/dev/null; }; then
-  PY=$S2S_CONTAINER_STATE/client-venv/bin/python
-  if ! { [ -x "$PY" ] && "$PY" -c 'import wyoming' 2>/dev/null; }; then
-    python3 -m venv "$S2S_CONTAINER_STATE/client-venv"
-    "$PY" -m pip install -q --disable-pip-version-check 'wyoming>=1.7,<2'
-  fi
-fi
+PY=$(s2s_client_python)
 if out=$("$PY" scripts/wyoming_probe.py 127.0.0.1 "$WYOMING_PORT" --synthesize "Hello from the container check." 2>&1); then
   report wyoming ok "$out"
 else
