@@ -12,15 +12,15 @@
 # CI runs it after scripts/container_check.sh (.ci/run): about 6 minutes with the Debian base
 # already made, the build most of it.
 # The add-on installs s2s-daemon with pip: build.yaml names the release; this script builds a wheel
-# of the working tree and installs that instead. Environment: S2S_BASE_IMAGE, S2S_TORCH_WHEELS as
-# for scripts/container_check.sh; S2S_ADDON_IMAGE (default localhost/s2s-daemon-addon:amd64);
-# S2S_CHECK_KEEP=1 leaves the container and its files.
+# of the working tree and installs that instead. Environment: S2S_CONTAINER_BASE, S2S_CONTAINER_TORCH_WHEELS as
+# for scripts/container_check.sh; S2S_CONTAINER_ADDON_IMAGE (default localhost/s2s-daemon-addon:amd64);
+# S2S_CONTAINER_KEEP=1 leaves the container and its files.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
 ADDON=homeassistant/s2s_daemon
-IMAGE=${S2S_ADDON_IMAGE:-localhost/s2s-daemon-addon:amd64}
+IMAGE=${S2S_CONTAINER_ADDON_IMAGE:-localhost/s2s-daemon-addon:amd64}
 NAME=s2s-addon-check
 TOKEN=addon-check-token
 started_s=$SECONDS
@@ -33,7 +33,7 @@ chmod 755 "$WORK"
 pids=()
 cleanup() {
   local pid
-  if [ "${S2S_CHECK_KEEP:-0}" != 1 ]; then
+  if [ "${S2S_CONTAINER_KEEP:-0}" != 1 ]; then
     podman rm -f -t 0 "$NAME" >/dev/null 2>&1 || true
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     rm -rf "$WORK"
@@ -68,11 +68,11 @@ for key, value in yaml.safe_load(open(sys.argv[1]))["args"].items():
     print(f"{key}={value}")
 ' "$ADDON/build.yaml")
 s2s_build_inputs "$WORK"
-echo "addon_check: building $IMAGE on $S2S_BASE_IMAGE with $wheel ($S2S_BUILD_SOURCES)" >&2
+echo "addon_check: building $IMAGE on $S2S_CONTAINER_BASE with $wheel ($S2S_BUILD_SOURCES)" >&2
 build_started=$SECONDS
 if podman build --format docker --network host -f "$ADDON/Dockerfile" -t "$IMAGE" \
-    --build-arg "BUILD_FROM=$S2S_BASE_IMAGE" "${build_args[@]}" \
-    --build-arg "S2S_DAEMON_SPEC=/run/s2s-build/dist/$digest/$wheel[torch,wyoming]" -v "$WORK/dist:/run/s2s-build/dist:ro" \
+    --build-arg "BUILD_FROM=$S2S_CONTAINER_BASE" "${build_args[@]}" \
+    --build-arg "S2S_DAEMON_SPEC=/run/s2s-build/dist/$digest/${wheel}[torch,wyoming]" -v "$WORK/dist:/run/s2s-build/dist:ro" \
     "${S2S_BUILD_FLAGS[@]}" "$ADDON" >"$WORK/build.log" 2>&1; then
   report build ok "$IMAGE, $((SECONDS - build_started)) s"
 else

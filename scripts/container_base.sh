@@ -10,14 +10,14 @@
 # Installs podman, runc and debootstrap when missing (root or sudo). Podman reads a
 # containers.conf of this script's own (CONTAINERS_CONF; the system's file is left alone) that
 # selects runc and sets no default ulimits: crun, and runc with the default ulimits, fail in
-# VMs without CAP_SYS_RESOURCE or with hybrid cgroups. The base, S2S_BASE_IMAGE (default
+# VMs without CAP_SYS_RESOURCE or with hybrid cgroups. The base, S2S_CONTAINER_BASE (default
 # localhost/debian:bookworm), is `debootstrap --variant=minbase bookworm` from the Debian archive
 # apt already uses, imported once (about a minute, 200 MB): it stands in for debian:bookworm-slim
 # and Home Assistant's base-debian:bookworm where no registry image can be pulled. With a
-# registry, set S2S_BASE_IMAGE=docker.io/library/debian:bookworm-slim and nothing is made.
+# registry, set S2S_CONTAINER_BASE=docker.io/library/debian:bookworm-slim and nothing is made.
 set -euo pipefail
 
-S2S_BASE_IMAGE=${S2S_BASE_IMAGE:-localhost/debian:bookworm}
+S2S_CONTAINER_BASE=${S2S_CONTAINER_BASE:-localhost/debian:bookworm}
 S2S_CONTAINER_STATE=${S2S_CONTAINER_STATE:-${XDG_CACHE_HOME:-$HOME/.cache}/s2s-daemon/container}
 
 _s2s_sudo() {
@@ -41,12 +41,12 @@ s2s_container_tools() {
 }
 
 s2s_base_image() {
-  if podman image exists "$S2S_BASE_IMAGE"; then
+  if podman image exists "$S2S_CONTAINER_BASE"; then
     return 0
   fi
-  case "$S2S_BASE_IMAGE" in
+  case "$S2S_CONTAINER_BASE" in
     localhost/*) ;;
-    *) podman pull "$S2S_BASE_IMAGE" >&2; return 0 ;;
+    *) podman pull "$S2S_CONTAINER_BASE" >&2; return 0 ;;
   esac
   local mirror rootfs
   # The Debian archive apt uses here (deb822 sources first, then the one-line format).
@@ -54,12 +54,12 @@ s2s_base_image() {
   [ -n "$mirror" ] || mirror=$(grep -hs '^deb .*/debian/\? ' /etc/apt/sources.list | awk '{print $2}' | head -1)
   mirror=${mirror:-http://deb.debian.org/debian}
   rootfs=$(mktemp -d "${TMPDIR:-/tmp}/s2s-rootfs.XXXXXX")
-  echo "container: making $S2S_BASE_IMAGE with debootstrap from $mirror (about a minute)" >&2
+  echo "container: making $S2S_CONTAINER_BASE with debootstrap from $mirror (about a minute)" >&2
   _s2s_sudo debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$S2S_CONTAINER_STATE/debootstrap.log" 2>&1 || {
     tail -5 "$S2S_CONTAINER_STATE/debootstrap.log" >&2
     return 1
   }
-  _s2s_sudo tar -C "$rootfs" -c . | podman import --quiet - "$S2S_BASE_IMAGE" >/dev/null
+  _s2s_sudo tar -C "$rootfs" -c . | podman import --quiet - "$S2S_CONTAINER_BASE" >/dev/null
   _s2s_sudo rm -rf "$rootfs"
 }
 
@@ -71,12 +71,12 @@ _s2s_host_pip() {  # one of this machine's pip settings: the environment first, 
 
 # s2s_build_inputs DIR: fill S2S_BUILD_FLAGS with what a build here needs for pip inside it to reach
 # the package index as this machine's pip does: the folder holding the torch CPU wheel
-# (S2S_TORCH_WHEELS, else the one of pip's find-links that holds torch-2.13.0+cpu) bound in and
+# (S2S_CONTAINER_TORCH_WHEELS, else the one of pip's find-links that holds torch-2.13.0+cpu) bound in and
 # named in TORCH_PIP_ARGS, and pip's certificate bundle (a TLS-intercepting proxy's CA) bound in
 # with a pip.conf, written into DIR, that names it. Without either, the build uses its defaults
 # (the PyTorch CPU index, PyPI with the image's own certificates).
 s2s_build_inputs() {
-  local dir wheels=${S2S_TORCH_WHEELS:-} cert
+  local dir wheels=${S2S_CONTAINER_TORCH_WHEELS:-} cert
   S2S_BUILD_FLAGS=()
   S2S_BUILD_SOURCES="torch: the PyTorch CPU index"
   if [ -z "$wheels" ]; then
@@ -127,5 +127,5 @@ s2s_container_tools
 s2s_base_image
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
-  echo "$S2S_BASE_IMAGE"
+  echo "$S2S_CONTAINER_BASE"
 fi

@@ -13,13 +13,13 @@
 # curl) and for debootstrap.
 #
 # Environment:
-#   S2S_IMAGE          the image to build and check (default localhost/s2s-daemon:cpu)
-#   S2S_BASE_IMAGE     the base (default localhost/debian:bookworm, made by scripts/container_base.sh;
+#   S2S_CONTAINER_IMAGE          the image to build and check (default localhost/s2s-daemon:cpu)
+#   S2S_CONTAINER_BASE     the base (default localhost/debian:bookworm, made by scripts/container_base.sh;
 #                      docker.io/library/debian:bookworm-slim where a registry can be reached)
-#   S2S_CHECK_BUILD    0: check the image as it is, without building
-#   S2S_TORCH_WHEELS   a folder holding the torch CPU wheel, bound into the build (default: the one of
+#   S2S_CONTAINER_BUILD    0: check the image as it is, without building
+#   S2S_CONTAINER_TORCH_WHEELS   a folder holding the torch CPU wheel, bound into the build (default: the one of
 #                      this machine's pip find-links that holds torch-2.13.0+cpu; none: the PyTorch index)
-#   S2S_CHECK_KEEP     1: leave the container, its volume and the broker running afterwards
+#   S2S_CONTAINER_KEEP     1: leave the container, its volume and the broker running afterwards
 #
 # pip inside the build reaches the package index as this machine's pip does: its certificate
 # bundle (PIP_CERT or `pip config get global.cert`, for a TLS-intercepting proxy) is bound in
@@ -30,7 +30,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-IMAGE=${S2S_IMAGE:-localhost/s2s-daemon:cpu}
+IMAGE=${S2S_CONTAINER_IMAGE:-localhost/s2s-daemon:cpu}
 NAME=s2s-container-check
 VOLUME=s2s-container-check-data
 started_s=$SECONDS
@@ -54,7 +54,7 @@ chmod 755 "$WORK"
 pids=()
 cleanup() {
   local pid
-  if [ "${S2S_CHECK_KEEP:-0}" != 1 ]; then
+  if [ "${S2S_CONTAINER_KEEP:-0}" != 1 ]; then
     podman rm -f -t 0 "$NAME" >/dev/null 2>&1 || true
     podman volume rm -f "$VOLUME" >/dev/null 2>&1 || true
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -72,12 +72,12 @@ report() {  # report NAME ok|FAIL|SKIP DETAIL
 }
 
 # --- build ----------------------------------------------------------------------------------
-if [ "${S2S_CHECK_BUILD:-1}" != 0 ]; then
+if [ "${S2S_CONTAINER_BUILD:-1}" != 0 ]; then
   s2s_build_inputs "$WORK"
-  echo "container_check: building $IMAGE on $S2S_BASE_IMAGE ($S2S_BUILD_SOURCES)" >&2
+  echo "container_check: building $IMAGE on $S2S_CONTAINER_BASE ($S2S_BUILD_SOURCES)" >&2
   build_started=$SECONDS
   if podman build --format docker --network host -f container/Containerfile -t "$IMAGE" \
-      --build-arg "BASE_IMAGE=$S2S_BASE_IMAGE" "${S2S_BUILD_FLAGS[@]}" . >"$WORK/build.log" 2>&1; then
+      --build-arg "BASE_IMAGE=$S2S_CONTAINER_BASE" "${S2S_BUILD_FLAGS[@]}" . >"$WORK/build.log" 2>&1; then
     report build ok "$IMAGE, $((SECONDS - build_started)) s"
   else
     tail -20 "$WORK/build.log"

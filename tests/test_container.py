@@ -151,3 +151,12 @@ def test_the_images_torch_is_the_one_the_project_is_tested_with() -> None:
     assert f"ARG TORCH_VERSION={pinned.group(1)}\n" in containerfile
     build = (ROOT / "homeassistant" / "s2s_daemon" / "build.yaml").read_text(encoding="utf-8")
     assert f"torch=={pinned.group(1)}+cpu" in build
+
+
+def test_the_container_checks_settings_are_not_configuration_keys() -> None:
+    """CI may export S2S_CONTAINER_* for scripts/container_check.sh; daemons it also starts must not
+    take them for an unknown ``container`` section (exit 78)."""
+    config = load_config(
+        None, {"S2S_CONTAINER_BASE": "docker.io/library/debian:bookworm-slim", "S2S_CONTAINER_KEEP": "1"}
+    )
+    assert config == load_config(None, {})
