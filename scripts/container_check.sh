@@ -96,7 +96,16 @@ read -r MQTT_PORT HTTP_PORT WYOMING_PORT < <(s2s_free_ports 3)
 printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "$MQTT_PORT" >"$WORK/mosquitto.conf"
 "$MOSQUITTO" -c "$WORK/mosquitto.conf" >"$WORK/mosquitto.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 50); do mosquitto_pub -p "$MQTT_PORT" -t s2s-check/ping -n 2>/dev/null && break; sleep 0.1; done
+broker=
+for _ in $(seq 150); do
+  if mosquitto_pub -p "$MQTT_PORT" -t s2s-check/ping -n 2>/dev/null; then broker=up; break; fi
+  sleep 0.1
+done
+if [ -z "$broker" ]; then
+  cat "$WORK/mosquitto.log"
+  report broker FAIL "mosquitto did not answer on 127.0.0.1:$MQTT_PORT within 15 s"
+  exit 1
+fi
 mosquitto_sub -p "$MQTT_PORT" -v -t 's2s/#' >"$WORK/mqtt.log" 2>&1 &
 pids+=($!)
 
@@ -143,7 +152,7 @@ else
 fi
 
 mosquitto_pub -p "$MQTT_PORT" -q 1 -t s2s/default/tts/say \
-  -m '{"id": "container-check-mqtt", "text": "Hello from the container check."}'
+  -m '{"id": "container-check-mqtt", "text": "Hello from the container check."}' || true
 finished=
 for _ in $(seq 240); do
   finished=$(grep '^s2s/default/tts/finished .*container-check-mqtt' "$WORK/mqtt.log" || true)
