@@ -24,8 +24,8 @@ NOT_CONFIG_ENV = frozenset(
 """``S2S_`` variables that are not configuration keys: the file's path, the benchmark's qwen-tts
 python, the performance page the benchmarks write (which a daemon they start inherits), the torch
 engine's prepared-weights and clone-prompt folders."""
-NOT_CONFIG_ENV_PREFIXES = ("S2S_GPU_",)
-"""Families of them: ``scripts/gpu_check.sh``'s settings."""
+NOT_CONFIG_ENV_PREFIXES = ("S2S_GPU_", "S2S_CONTAINER_")
+"""Families of them: ``scripts/gpu_check.sh``'s settings, the container checks' (``scripts/container_base.sh``)."""
 
 
 def _plain_topic_prefix(value: str) -> str:
