@@ -27,9 +27,8 @@ def probe_url() -> str:
     """``/ready`` on the monitor listener or the speech API, over loopback when it listens on every interface."""
     config_file = os.environ.get("S2S_CONFIG")
     config = load_config(Path(config_file) if config_file else None)
-    monitor = getattr(config, "monitor", None)  # a daemon from before the monitor listener has none
-    if monitor is not None and monitor.enabled:
-        host, port = monitor.host, monitor.port
+    if config.monitor.enabled:
+        host, port = config.monitor.host, config.monitor.port
     elif config.http.enabled:
         host, port = config.http.host, config.http.port
     else:
