@@ -312,6 +312,25 @@ def curl(d: Daemon, body: dict[str, Any], out: Path, *extra: str) -> subprocess.
     )  # fmt: skip
 
 
+def door_probes(d: Daemon) -> str:
+    """docs/operations.md's probes, with curl as there (on the speech API's port: the same paths)."""
+    assert shutil.which("curl") is not None, "curl is not installed"
+    base = f"http://127.0.0.1:{d.http_port}"
+    health = subprocess.run(["curl", "-s", f"{base}/health"], capture_output=True, text=True, check=False)
+    assert json.loads(health.stdout).get("phase") == "serving", f"/health: {health.stdout}"
+    ready = subprocess.run(["curl", "-fsS", f"{base}/ready"], capture_output=True, text=True, check=False)
+    assert ready.returncode == 0 and json.loads(ready.stdout)["ready"] is True, f"/ready: {ready.stdout}"
+    key = (d.work / "api.key").read_text().strip()
+    metrics = subprocess.run(
+        ["curl", "-s", "-H", f"Authorization: Bearer {key}", f"{base}/metrics"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "s2s_ready 1.0" in metrics.stdout, f"/metrics: {tail(metrics.stdout)}"
+    return "/health serving, /ready 200, /metrics s2s_ready 1"
+
+
 def door_curl(d: Daemon) -> str:
     assert shutil.which("curl") is not None, "curl is not installed"
     body = {"model": "tts-1", "input": "Dinner is ready.", "voice": "Vivian", "response_format": "wav"}
@@ -431,9 +450,11 @@ def door_voices(work: Path, env: dict[str, str]) -> str:
     assert missing.returncode == 66 and "No such file" in missing.stderr, f"a missing file: {missing.stderr}"
     listed = run([*CLI, "voices", "list", *voices[1:]], env)
     assert "grandma\tclone" in listed.stdout, f"list: {listed.stdout}"
-    removed = run([*CLI, "voices", "remove", "grandma", *voices[1:]], env)
+    renamed = run([*CLI, "voices", "rename", "grandma", "nana", *voices[1:]], env)
+    assert renamed.returncode == 0, f"rename: {renamed.stderr}"
+    removed = run([*CLI, "voices", "remove", "nana", *voices[1:]], env)
     assert removed.returncode == 0, f"remove: {removed.stderr}"
-    return "add (with a hint: this model cannot clone), list, remove; a missing file is 66"
+    return "add (with a hint: this model cannot clone), list, rename, remove; a missing file is 66"
 
 
 def door_service(work: Path, env: dict[str, str]) -> str:
@@ -552,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         doors.check("mqtt say", lambda: door_mqtt(daemon, w))
         doors.check("mqtt stream", lambda: door_stream(daemon, w))
         doors.check("mqtt stop", lambda: door_stop(daemon, w))
+        doors.check("probes", lambda: door_probes(daemon))
         doors.check("http curl", lambda: door_curl(daemon))
         doors.check("http openai", lambda: door_openai(daemon))
         doors.check("wyoming", lambda: door_wyoming(daemon))
