@@ -29,7 +29,7 @@ from s2s_daemon.intake.streams import StreamIntake
 from s2s_daemon.mqtt.broker import EmbeddedBroker
 from s2s_daemon.mqtt.connection import MqttProtocol
 from s2s_daemon.mqtt.link import MqttLink
-from s2s_daemon.mqtt.messages import OutMessage
+from s2s_daemon.mqtt.packets import OutMessage
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.notify import SystemdNotifier
 from s2s_daemon.pipeline.jobs import Dispatcher, JobEvents

@@ -5,7 +5,7 @@ intake checks a request against.
 
 ```
  intake(s) --submit--> ledger --> request queue --> TtsStage --utterances--> PlaybackStage --> sink
-                         ^  (events from the stages)  \\-------outputs-------/      \\--> a caller's output
+                         ^  (events from the stages)      \\--> a caller's CallerStream (read by its intake)
 ```
 """
 
@@ -193,7 +193,6 @@ def build_pipeline(
         no_default=no_default,
     )
     utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
-    outputs: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances.callers")  # each played at once
     # Only a speaker heard as it plays is worth waiting for: a file, the discard sink and callers'
     # streams take the audio as it comes, and nobody is kept out of the engine's steps for them.
     realtime = bool(getattr(sink, "realtime", False))
@@ -210,8 +209,7 @@ def build_pipeline(
         library=library,
         pacer=pacer,
         max_streams=config.tts.max_streams,
-        outputs=outputs,
         paced_speaker=realtime,
     )
-    playback = PlaybackStage(sink, utterances, ledger, pacer, outputs=outputs)
+    playback = PlaybackStage(sink, utterances, ledger, pacer)
     return Pipeline(requests, ledger, rules, tts, playback, library)

@@ -50,7 +50,7 @@ def main() -> int:
     args = parser.parse_args()
     doc = doc_target(args)
 
-    from s2s_daemon.audio.stretch import TimeStretcher
+    from s2s_daemon.pipeline.stretch import TimeStretcher
 
     if args.wav is not None:
         import soundfile

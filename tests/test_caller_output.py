@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from s2s_daemon.audio.playback import PlaybackStage
-from s2s_daemon.audio.stream import CallerStream, pcm16
 from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, SayRequest, Status, Utterance
+from s2s_daemon.pipeline.output import CallerStream, pcm16
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.tts.engine import EngineOptions
 from s2s_daemon.tts.registry import create_engine

@@ -16,7 +16,7 @@ import pytest
 from s2s_daemon.errors import EXIT_UNAVAILABLE, UnavailableError
 from s2s_daemon.intake.mqtt import DurableEvents
 from s2s_daemon.mqtt.link import _Publishes
-from s2s_daemon.mqtt.messages import OutMessage
+from s2s_daemon.mqtt.packets import OutMessage
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.journal import RequestJournal, default_journal_path
 from s2s_daemon.pipeline.messages import ReplyTo, SayRequest, Status

@@ -9,7 +9,7 @@ import json
 import time
 
 from s2s_daemon.intake.http.live import LATENCY_KEPT, MEMORY_KEPT_S, LiveEvent, LiveFeed, Subscription
-from s2s_daemon.mqtt.messages import OutMessage
+from s2s_daemon.mqtt.packets import OutMessage
 from s2s_daemon.mqtt.topics import Topics
 
 TOPICS = Topics("s2s", "kitchen")

@@ -22,7 +22,7 @@ from s2s_daemon.config import MqttConfig, TlsConfig
 from s2s_daemon.mqtt import connection
 from s2s_daemon.mqtt.connection import MqttProtocol
 from s2s_daemon.mqtt.link import PUBLISH_WINDOW, MqttLink, _Acknowledgements
-from s2s_daemon.mqtt.messages import InMessage, OutMessage
+from s2s_daemon.mqtt.packets import InMessage, OutMessage
 from s2s_daemon.mqtt.topics import Topics
 from tests.support.broker import Mosquitto
 from tests.support.mqtt import recorder

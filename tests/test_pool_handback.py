@@ -20,7 +20,7 @@ import pytest
 from s2s_daemon.intake.mqtt import DurableEvents, MqttIntake
 from s2s_daemon.intake.pool import PoolHandBack, hand_back_message, hand_back_payload
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
-from s2s_daemon.mqtt.messages import InMessage, OutMessage
+from s2s_daemon.mqtt.packets import InMessage, OutMessage
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.journal import RequestJournal

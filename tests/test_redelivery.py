@@ -7,7 +7,7 @@ import json
 
 from s2s_daemon.intake.mqtt import MqttIntake
 from s2s_daemon.intake.schemas import IntakeRules
-from s2s_daemon.mqtt.messages import InMessage
+from s2s_daemon.mqtt.packets import InMessage
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.queue import RequestQueue

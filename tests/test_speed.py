@@ -13,8 +13,8 @@ import openai
 import pytest
 import soundfile
 
-from s2s_daemon.audio.stretch import TimeStretcher
 from s2s_daemon.intake.http.api import ApiError, parse_speech
+from s2s_daemon.pipeline.stretch import TimeStretcher
 from tests.support.broker import Mosquitto
 from tests.test_http_speech import speech_api, tone_samples
 
@@ -80,7 +80,7 @@ def test_out_of_range_or_without_the_extra_is_a_400_that_says_why(monkeypatch: p
         assert bad.value.status == 400 and bad.value.param == "speed" and bad.value.code == "bad_payload"
         assert "between 0.25 and 4" in bad.value.message
     assert parse_speech(b'{"input": "hi", "speed": 0.25}').speed == 0.25
-    monkeypatch.setattr("s2s_daemon.audio.stretch.stretch_available", lambda: False)
+    monkeypatch.setattr("s2s_daemon.pipeline.stretch.stretch_available", lambda: False)
     with pytest.raises(ApiError) as missing:
         parse_speech(b'{"input": "hi", "speed": 1.5}')
     assert missing.value.code == "unsupported_speed" and "s2s-daemon[speed]" in missing.value.message

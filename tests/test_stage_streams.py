@@ -21,11 +21,11 @@ import structlog
 from structlog.testing import capture_logs
 
 from s2s_daemon.audio.sink import DiscardSink
-from s2s_daemon.audio.stream import CallerStream
 from s2s_daemon.config import load_config
 from s2s_daemon.pipeline.channel import ChannelClosed
 from s2s_daemon.pipeline.jobs import Job, Phase
 from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, SayRequest, Status, Utterance
+from s2s_daemon.pipeline.output import CallerStream
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.tts.engine import EngineOptions
 from s2s_daemon.tts.registry import create_engine
@@ -319,8 +319,7 @@ async def test_shutdown_waits_for_every_synthesis_begun() -> None:
         s.read(held, held_stream)
         await asyncio.wait_for(s.runner, 10)
         assert s.status("held") is Status.COMPLETED and s.status("room") is Status.COMPLETED
-        assert s.pipeline.tts.utterances.closed and s.pipeline.tts.outputs is not None
-        assert s.pipeline.tts.outputs.closed
+        assert s.pipeline.tts.utterances.closed and held_stream.closed
         assert s.pipeline.ledger.jobs == {}
 
 

@@ -215,7 +215,7 @@ def test_every_message_dataclass_is_frozen_and_round_trips() -> None:
     """Every dataclass in the package's message modules is frozen with slots, and replace() round-trips."""
     found = 0
     for mod_info in pkgutil.walk_packages(s2s_daemon.__path__, "s2s_daemon."):
-        if mod_info.name.split(".")[-1] not in {"messages", "engine"}:
+        if mod_info.name.split(".")[-1] not in {"messages", "packets", "engine"}:
             continue
         module = importlib.import_module(mod_info.name)
         for obj in vars(module).values():
@@ -238,7 +238,7 @@ def test_each_engine_reads_its_own_device_key() -> None:
 
 
 async def test_a_stop_of_the_speaker_leaves_a_callers_request_alone() -> None:
-    from s2s_daemon.audio.stream import CallerStream
+    from s2s_daemon.pipeline.output import CallerStream
 
     events = Events()
     d = Dispatcher(RequestQueue(4), events, 16)

@@ -398,7 +398,7 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
     from s2s_daemon.intake.http.monitor import MonitorRoutes
     from s2s_daemon.intake.http.server import HttpSpeechServer
     from s2s_daemon.intake.schemas import IntakeRules
-    from s2s_daemon.mqtt.messages import OutMessage
+    from s2s_daemon.mqtt.packets import OutMessage
     from s2s_daemon.mqtt.topics import Topics
     from s2s_daemon.pipeline.jobs import Dispatcher, Job
     from s2s_daemon.pipeline.queue import RequestQueue

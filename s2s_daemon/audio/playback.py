@@ -1,7 +1,6 @@
-"""The playback stage: hands utterances to the speaker's sink one at a time, and those bound
-for a caller (``SayRequest.output``) to their own output at once; ends their jobs. Callers'
-utterances may come on a channel of their own (``outputs``), so that one never queues behind a
-speaker's utterance waiting for the speaker."""
+"""The playback stage: the speaker's alone. Hands its utterances to the sink one at a time, in
+order, and ends their jobs. A caller's audio (``SayRequest.output``) never comes here: the TTS
+stage writes it into the caller's stream (``pipeline/output.py``)."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from s2s_daemon.pipeline.jobs import (
     Prebuffered,
     Released,
 )
-from s2s_daemon.pipeline.messages import AudioOutput, ErrorCode, PlaybackReport, Status, Utterance
+from s2s_daemon.pipeline.messages import ErrorCode, PlaybackReport, Status, Utterance
 from s2s_daemon.pipeline.pacing import REAL_TIME, Pacer
 
 log = structlog.get_logger(__name__)
@@ -38,7 +37,6 @@ class PlaybackStage:
         utterances: Channel[Utterance],
         dispatcher: Dispatcher,
         pacer: Pacer | None = None,
-        outputs: Channel[Utterance] | None = None,
     ) -> None:
         self.sink = sink
         self.utterances = utterances
@@ -46,44 +44,26 @@ class PlaybackStage:
         self.pacer = pacer or Pacer()
         """What the speaker learns of the engine's speed (gapless playback on slow hardware); the
         TTS stage reads it to hold back each later sentence of an utterance."""
-        self.outputs = outputs
-        """Callers' utterances apart from the speaker's: one never waits for room on the speaker."""
 
     async def run(self) -> None:
-        """Until ``utterances`` (and ``outputs``) are closed and every utterance has played."""
+        """Until ``utterances`` is closed and every utterance has played."""
+        # The speaker plays one utterance after another; one more waits in ``speaker`` and one in
+        # the taker's hand, so that the next ones are synthesized while one plays.
         speaker: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances.speaker")
-        inputs = [self.utterances] if self.outputs is None else [self.utterances, self.outputs]
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._speak(speaker), name="s2s.playback.speaker")
             try:
-                async with asyncio.TaskGroup() as routes:
-                    for utterances in inputs:
-                        routes.create_task(self._route(utterances, speaker, tg), name=f"s2s.playback.{utterances.name}")
+                async for utterance in self.utterances:
+                    await speaker.put(utterance)
             finally:
                 speaker.close()
-
-    async def _route(
-        self, utterances: Channel[Utterance], speaker: Channel[Utterance], players: asyncio.TaskGroup
-    ) -> None:
-        # The speaker plays one utterance after another (one more waits in ``speaker``); a
-        # caller's output plays as soon as its utterance comes, beside the speaker and the others.
-        async for utterance in utterances:
-            output = utterance.request.output
-            if output is None:
-                await speaker.put(utterance)
-                continue
-            players.create_task(self._play_logged(utterance, output), name=f"s2s.output.{utterance.request.id}")
 
     async def _speak(self, speaker: Channel[Utterance]) -> None:
         async for utterance in speaker:
             with structlog.contextvars.bound_contextvars(request_id=utterance.request.id):
-                await self._play(utterance, self.sink, speaker=True)
+                await self._play(utterance)
 
-    async def _play_logged(self, utterance: Utterance, output: AudioOutput) -> None:
-        with structlog.contextvars.bound_contextvars(request_id=utterance.request.id, output=output.name):
-            await self._play(utterance, output, speaker=False)
-
-    async def _play(self, utterance: Utterance, sink: AudioSink | AudioOutput, speaker: bool) -> None:
+    async def _play(self, utterance: Utterance) -> None:
         ledger = self.dispatcher
         job = ledger.jobs.get(utterance.request.id)
         if job is None or job.should_stop():
@@ -92,18 +72,17 @@ class PlaybackStage:
             if job is not None:
                 ledger.record(job, Released(time.monotonic()))
             return
-        if speaker:
-            ledger.record(job, OnSpeaker(time.monotonic()))
-            waited = await self._prebuffer(job, utterance)
-            if waited > 0:
-                ledger.record(job, Prebuffered(time.monotonic(), waited))
-            if job.stopped.is_set():  # stopped while it was held: none of it is let out
-                utterance.chunks.clear()
-                utterance.chunks.close()
-                ledger.record(job, Released(time.monotonic()))
-                return
+        ledger.record(job, OnSpeaker(time.monotonic()))
+        waited = await self._prebuffer(job, utterance)
+        if waited > 0:
+            ledger.record(job, Prebuffered(time.monotonic(), waited))
+        if job.stopped.is_set():  # stopped while it was held: none of it is let out
+            utterance.chunks.clear()
+            utterance.chunks.close()
+            ledger.record(job, Released(time.monotonic()))
+            return
         task: asyncio.Task[PlaybackReport] = asyncio.create_task(
-            sink.play(utterance, lambda at: ledger.record(job, FirstSample(at))),
+            self.sink.play(utterance, lambda at: ledger.record(job, FirstSample(at))),
             name=f"s2s.playback.{utterance.request.id}",
         )
         stop = asyncio.create_task(job.stopped.wait(), name=f"s2s.playback.{utterance.request.id}.stop")
@@ -131,7 +110,7 @@ class PlaybackStage:
             ledger.record(job, PlaybackEnded(now))
         else:
             ledger.record(job, PlaybackEnded(now, task.result()))
-        if speaker and job.status is Status.COMPLETED:  # what the engine does when it runs to the end
+        if job.status is Status.COMPLETED:  # what the engine does when it runs to the end
             self.pacer.learn(job.timeline, job.request.chars)
 
     async def _prebuffer(self, job: Job, utterance: Utterance) -> float:

@@ -11,9 +11,10 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, Utterance
+from s2s_daemon.pipeline.output import apply_volume
 from s2s_daemon.pipeline.vocabulary import Samples
 
-__all__ = ["AudioDeviceError", "AudioSink", "DiscardSink", "FirstSample", "WavSink", "apply_volume", "write_wav"]
+__all__ = ["AudioDeviceError", "AudioSink", "DiscardSink", "FirstSample", "WavSink", "write_wav"]
 
 
 class AudioDeviceError(Exception):
@@ -40,13 +41,6 @@ class AudioSink(Protocol):
     async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport: ...
 
     async def close(self) -> None: ...
-
-
-def apply_volume(samples: Samples, volume: float) -> Samples:
-    if volume == 1.0:
-        return samples
-    out: Samples = np.clip(samples * np.float32(volume), -1.0, 1.0).astype(np.float32, copy=False)
-    return out
 
 
 class DiscardSink:

@@ -33,10 +33,11 @@ import numpy.typing as npt
 import structlog
 
 from s2s_daemon.audio.devices import DeviceInfo, portaudio, resolve_device
-from s2s_daemon.audio.sink import AudioDeviceError, FirstSample, apply_volume
+from s2s_daemon.audio.sink import AudioDeviceError, FirstSample
 from s2s_daemon.config import AudioConfig
 from s2s_daemon.pipeline.channel import ChannelClosed
 from s2s_daemon.pipeline.messages import PlaybackReport, Utterance
+from s2s_daemon.pipeline.output import apply_volume
 
 log = structlog.get_logger(__name__)
 

@@ -31,7 +31,7 @@ from s2s_daemon.config import DaemonConfig, HaConfig
 from s2s_daemon.errors import UnavailableError
 from s2s_daemon.events.publisher import dumps
 from s2s_daemon.mqtt.connection import ConnectOptions, MqttError, MqttProtocol, publish_all, read_password, tls_context
-from s2s_daemon.mqtt.messages import OutMessage
+from s2s_daemon.mqtt.packets import OutMessage
 from s2s_daemon.mqtt.topics import Topics, ha_birth, ha_config
 from s2s_daemon.pipeline.vocabulary import EngineInfo, model_name
 

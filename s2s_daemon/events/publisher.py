@@ -11,7 +11,7 @@ from collections.abc import Callable
 import structlog
 
 from s2s_daemon import __version__
-from s2s_daemon.mqtt.messages import OutMessage
+from s2s_daemon.mqtt.packets import OutMessage
 from s2s_daemon.mqtt.topics import HERMES_ERROR, HERMES_SAY_FINISHED, Topics, hermes_vad
 from s2s_daemon.pipeline.jobs import Job
 from s2s_daemon.pipeline.messages import ErrorCode, Status

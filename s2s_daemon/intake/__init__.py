@@ -3,5 +3,6 @@
 ``mqtt`` (say, stop, pool, Hermes; the broker link itself is ``s2s_daemon.mqtt``), ``wyoming``
 (Home Assistant's Assist), ``http`` (the OpenAI-compatible speech API), and ``schemas``, the
 say-payload rules they share. An intake that answers with audio gives its requests a
-``CallerStream`` (``audio/stream.py``) as their output.
+``CallerStream`` (``pipeline/output.py``) as their output. An intake never imports ``audio/``:
+the speaker is the playback stage's alone.
 """

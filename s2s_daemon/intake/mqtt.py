@@ -19,7 +19,7 @@ import structlog
 from s2s_daemon.intake.pool import POOL_ORIGIN, PoolHandBack
 from s2s_daemon.intake.schemas import IntakeRules, StopPayload, decode_json_object, parse_say
 from s2s_daemon.intake.streams import StreamIntake
-from s2s_daemon.mqtt.messages import InMessage, OutMessage
+from s2s_daemon.mqtt.packets import InMessage, OutMessage
 from s2s_daemon.mqtt.topics import HERMES_SAY, Topics
 from s2s_daemon.pipeline.jobs import Dispatcher, Job, JobEvents, Phase
 from s2s_daemon.pipeline.journal import JournalError, Recovered, RequestJournal

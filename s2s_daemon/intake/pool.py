@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
-from s2s_daemon.mqtt.messages import InMessage, OutMessage
+from s2s_daemon.mqtt.packets import InMessage, OutMessage
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.jobs import Dispatcher
 from s2s_daemon.pipeline.journal import JournalError

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from s2s_daemon.intake.schemas import IntakeRules, new_request_id, parse_stream_piece
-from s2s_daemon.mqtt.messages import InMessage
+from s2s_daemon.mqtt.packets import InMessage
 from s2s_daemon.pipeline.jobs import Dispatcher, Job, Phase
 from s2s_daemon.pipeline.messages import ErrorCode, SayRequest
 from s2s_daemon.pipeline.textfeed import FeedEnd, TextFeed

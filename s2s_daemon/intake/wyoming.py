@@ -9,7 +9,7 @@ One TCP listener; one ``WyomingConnection`` per client, each with three named ta
   ``audio-start`` / ``audio-chunk``... / ``audio-stop`` group per request, never two interleaved.
 
 The requests share the engine and the request queue with MQTT's; their audio goes back to the
-client as it is made (the playback stage plays a ``CallerStream`` beside the speaker). A client
+client as it is made (the TTS stage writes it into a ``CallerStream``, beside the speaker). A client
 that goes away (end of its connection, a failed write) abandons its streams and cancels its
 requests, so the engine is free at its next chunk. A request that fails ends the exchange with an
 ``error`` event and the connection, as wyoming-piper does (Home Assistant waits for audio until
@@ -46,13 +46,13 @@ with warnings.catch_warnings():
     from wyoming.audio import AudioChunk, AudioStart, AudioStop
 
 from s2s_daemon import __version__
-from s2s_daemon.audio.stream import CallerStream, pcm16
 from s2s_daemon.config import WyomingConfig
 from s2s_daemon.errors import UnavailableError
 from s2s_daemon.intake.schemas import MAX_PAYLOAD_BYTES, IntakeRules, parse_say, resolve_voice
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import ErrorCode, Status
+from s2s_daemon.pipeline.output import CallerStream, pcm16
 from s2s_daemon.pipeline.segment import split_sentences
 from s2s_daemon.pipeline.vocabulary import (
     LANGUAGE_ALIASES,

@@ -35,7 +35,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from s2s_daemon.config import MqttConfig, TlsConfig
 from s2s_daemon.errors import ConfigError
-from s2s_daemon.mqtt.messages import OutMessage
+from s2s_daemon.mqtt.packets import OutMessage
 
 log = structlog.get_logger(__name__)
 

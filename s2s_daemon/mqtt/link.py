@@ -36,7 +36,7 @@ from s2s_daemon.mqtt.connection import (
     read_password,
     tls_context,
 )
-from s2s_daemon.mqtt.messages import InMessage, OutMessage, Receipt
+from s2s_daemon.mqtt.packets import InMessage, OutMessage, Receipt
 from s2s_daemon.mqtt.topics import HERMES_SAY, Topics
 from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.messages import ReplyTo

@@ -6,9 +6,9 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from s2s_daemon.pipeline.channel import Channel
+from s2s_daemon.pipeline.output import CallerStream
 from s2s_daemon.pipeline.textfeed import TextFeed
 from s2s_daemon.pipeline.vocabulary import Samples
 
@@ -87,10 +87,10 @@ class SayRequest:
     origin: str = "mqtt"
     """``mqtt``, ``pool``, ``hermes``, ``cli`` or the intake that made it."""
     reply_to: ReplyTo | None = None
-    output: AudioOutput | None = None
-    """Where the audio goes: None is the daemon's own sink (the speaker); otherwise the caller's
-    stream (or file) that the intake made. The TTS stage only asks whether there is one: the
-    speaker's requests are synthesized one at a time, a caller's beside them."""
+    output: CallerStream | None = None
+    """Where the audio goes: None is the daemon's own sink (the speaker, through the playback
+    stage); otherwise the caller's stream that the intake made, which the TTS stage writes into
+    itself. The speaker's requests are synthesized one at a time, a caller's beside them."""
     feed: TextFeed | None = None
     """The text still being written (a streamed say, ``say -``): ``text`` is then empty and the
     TTS stage reads sentences from the feed as they come."""
@@ -111,7 +111,7 @@ class RequestError:
 
 @dataclass(frozen=True, slots=True)
 class Utterance:
-    """One request's audio on its way to the sink; the chunk channel closes at its end."""
+    """A speaker's request's audio on its way to the sink; the chunk channel closes at its end."""
 
     request: SayRequest
     sample_rate: int
@@ -121,20 +121,6 @@ class Utterance:
 
 FirstSample = Callable[[float], None]
 """Called once with the monotonic time the first sample was handed on (device or caller)."""
-
-
-class AudioOutput(Protocol):
-    """A destination for one request's audio other than the daemon's speaker.
-
-    ``play`` consumes ``utterance.chunks`` until the channel closes (or the caller is gone),
-    calls ``on_first_sample`` when the first sample leaves, and reports what it delivered.
-    Cancelling ``play`` (stop, shutdown) ends it at once. Outputs play concurrently with the
-    speaker and with each other, and are synthesized so too (up to ``tts.max_streams`` requests).
-    """
-
-    name: str
-
-    async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,12 @@
-"""The TTS stage: takes requests in order, streams the engine's chunks to the sink.
+"""The TTS stage: takes requests in order, streams the engine's chunks to where they go.
 
 Up to ``tts.max_streams`` requests are synthesized at once, each in a task of its own (its own
 ``request_id`` in the logs, its own ``tts.max_utterance_s``), their engine streams sharing the
 one engine thread (``EngineWorker.stream``). The speaker's requests (no ``output``) hold one place
 at a time, in queue order, held back by the VAD gate: the speaker plays one utterance after
 another. A caller's request (HTTP, Wyoming) takes any free place, even when a speaker's request
-that must wait is queued ahead of it.
+that must wait is queued ahead of it. A speaker's utterance goes to the playback stage; a caller's
+chunks go straight into its stream (``pipeline/output.py``), and this stage reports its end.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 
 import numpy as np
 import structlog
@@ -24,14 +25,17 @@ from s2s_daemon.pipeline.jobs import (
     ChunkMade,
     Dispatcher,
     Failed,
+    FirstSample,
     Job,
+    PlaybackEnded,
     Released,
     SegmentReady,
     SynthesisEnded,
     SynthesisStarted,
     TextCut,
 )
-from s2s_daemon.pipeline.messages import ErrorCode, SayRequest, Utterance
+from s2s_daemon.pipeline.messages import ErrorCode, PlaybackReport, SayRequest, Utterance
+from s2s_daemon.pipeline.output import CallerStream
 from s2s_daemon.pipeline.pacing import REAL_TIME, Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.segment import split_clauses, split_sentences
@@ -52,12 +56,16 @@ CLAUSE_PAUSE_S = 0.05
 CHUNK_BUFFER = 64
 """Chunks one utterance may hold ahead of playback before synthesis waits (back-pressure)."""
 
+Deliver = Callable[[np.ndarray], Awaitable[bool]]
+"""Hands one chunk on (to the speaker's utterance or a caller's stream); False once it is no
+longer wanted (stopped, playback or the caller gone)."""
+
 
 class TtsStage:
     """Owns synthesis: up to ``max_streams`` requests at once on the engine's worker thread, one
     of them the speaker's. A speaker's utterance goes to ``utterances`` (back-pressure: the
-    speaker's backlog holds the next one back), a caller's to ``outputs`` (``utterances`` when
-    None), which a busy speaker never holds up."""
+    speaker's backlog holds the next one back); a caller's chunks go into its own stream
+    (``SayRequest.output``), which a busy speaker never holds up."""
 
     def __init__(
         self,
@@ -72,7 +80,6 @@ class TtsStage:
         library: VoiceLibrary | None = None,
         pacer: Pacer | None = None,
         max_streams: int = 1,
-        outputs: Channel[Utterance] | None = None,
         paced_speaker: bool = True,
     ) -> None:
         self.worker = worker
@@ -91,8 +98,6 @@ class TtsStage:
         self.pacer = pacer
         """The engine's speed as the speaker learned it (shared with the playback stage): on a
         slow engine each later sentence is held back until it will play without a gap."""
-        self.outputs = outputs
-        """Where callers' utterances go, apart from the speaker's (the playback stage reads both)."""
         self.paced_speaker = paced_speaker
         """The speaker is heard as it plays (``AudioSink.realtime``): its requests are paced
         (``SynthesisRequest.paced``: others keep out of its way). False for a file or the discard
@@ -118,8 +123,6 @@ class TtsStage:
                     tg.create_task(self._serve(request), name=f"s2s.tts.{request.id}")
         finally:
             self.utterances.close()
-            if self.outputs is not None:
-                self.outputs.close()
 
     def _servable(self, request: SayRequest) -> bool:
         return request.output is not None or not self._speaker_busy
@@ -141,16 +144,71 @@ class TtsStage:
             self._places.release()
 
     async def _synthesize(self, job: Job) -> None:
-        request = job.request
-        ledger = self.dispatcher
-        chunks: Channel[np.ndarray] = Channel(CHUNK_BUFFER, Overflow.BLOCK, f"chunks.{request.id}")
-        utterance = Utterance(request, self.info.sample_rate, chunks)
-        route = self.utterances if request.output is None or self.outputs is None else self.outputs
+        if job.request.output is not None:
+            await self._answer(job, job.request.output)
+            return
+        chunks: Channel[np.ndarray] = Channel(CHUNK_BUFFER, Overflow.BLOCK, f"chunks.{job.request.id}")
         try:
-            await route.put(utterance)
+            await self.utterances.put(Utterance(job.request, self.info.sample_rate, chunks))
         except ChannelClosed:
+            self.dispatcher.record(job, Released(time.monotonic()))
+            return
+
+        async def deliver(chunk: np.ndarray) -> bool:
+            try:
+                await chunks.put(chunk)
+            except ChannelClosed:  # playback ended early (stop, device error)
+                return False
+            return True
+
+        try:
+            await self._synthesize_into(job, deliver)
+        finally:
+            chunks.close()
+
+    async def _answer(self, job: Job, output: CallerStream) -> None:
+        """A caller's request: its chunks straight into its stream, and its end reported here
+        (there is no playback for it). A stop closes the stream at once, even while synthesis
+        waits for a slow reader; what was buffered is still read."""
+        ledger = self.dispatcher
+        request = job.request
+        if job.should_stop():
+            output.close()
             ledger.record(job, Released(time.monotonic()))
             return
+        output.open(self.info.sample_rate, request.volume)
+
+        async def deliver(chunk: np.ndarray) -> bool:
+            if not await output.put(chunk):
+                return False
+            if output.first_sample_at is not None and job.timeline.first_sample_out is None:
+                ledger.record(job, FirstSample(output.first_sample_at))
+            return True
+
+        async def close_on_stop() -> None:
+            await job.stopped.wait()
+            output.close()
+
+        watch = asyncio.create_task(close_on_stop(), name=f"s2s.tts.{request.id}.stop")
+        try:
+            await self._synthesize_into(job, deliver)
+            if not job.stopped.is_set():  # ended by itself (or failed): the stretcher's rest
+                await output.finish()
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+            stopped = job.stopped.is_set()
+            output.close()
+            now = time.monotonic()
+            if stopped:  # as a stopped speaker: what was heard is estimated from the first sample
+                ledger.record(job, PlaybackEnded(now))
+            else:
+                first, ms = output.first_sample_at, 1000.0 * output.samples / self.info.sample_rate
+                ledger.record(job, PlaybackEnded(now, PlaybackReport(first, now if first is not None else None, ms)))
+
+    async def _synthesize_into(self, job: Job, deliver: Deliver) -> None:
+        request = job.request
+        ledger = self.dispatcher
         synth = dataclasses.replace(
             self.template,
             text=request.text,
@@ -169,7 +227,7 @@ class TtsStage:
                     named = request.voice
                     synth = self._with_library_voice(synth, named, pins)
                 with self.worker.utterance():  # its sentences share tts.max_utterance_s
-                    await self._speak_segments(job, synth, chunks)
+                    await self._speak_segments(job, synth, deliver)
         except EngineError as exc:
             message = f"voice {named!r}: {exc}" if named is not None else str(exc)
             log.warning("synthesis_failed", code=exc.code, error=message)
@@ -182,9 +240,8 @@ class TtsStage:
             ledger.record(job, Failed(time.monotonic(), ErrorCode.ENGINE_ERROR, message))
         finally:
             ledger.record(job, SynthesisEnded(time.monotonic()))
-            chunks.close()
 
-    async def _speak_segments(self, job: Job, synth: SynthesisRequest, chunks: Channel[np.ndarray]) -> None:
+    async def _speak_segments(self, job: Job, synth: SynthesisRequest, deliver: Deliver) -> None:
         """The text sentence by sentence, each its own engine call (its prompt and KV cache hold
         one sentence, not the request), with a short pause between, into the one utterance. A
         streamed text's sentences are spoken as its writer completes them. On a speaker whose
@@ -196,7 +253,7 @@ class TtsStage:
         async with contextlib.aclosing(self._segments(job, synth.text)) as segments:
             async for sentence in segments:
                 for index, text in enumerate(self._pieces(sentence, job)):
-                    if not await self._speak_piece(job, synth, chunks, text, spoken, clause_pause if index else pause):
+                    if not await self._speak_piece(job, synth, deliver, text, spoken, clause_pause if index else pause):
                         return
                     spoken += 1
         feed = job.request.feed
@@ -216,7 +273,7 @@ class TtsStage:
         self,
         job: Job,
         synth: SynthesisRequest,
-        chunks: Channel[np.ndarray],
+        deliver: Deliver,
         text: str,
         spoken: int,
         pause: np.ndarray,
@@ -224,7 +281,7 @@ class TtsStage:
         """One sentence or clause into the utterance (``pause`` before it, unless it is the first);
         False when the request ended early (stopped, playback gone)."""
         self.dispatcher.record(job, SegmentReady(time.monotonic(), len(text)))
-        if spoken and not await self._put(job, chunks, pause):
+        if spoken and not await self._put(job, deliver, pause):
             return False
         # The first piece's start is the speaker's to pace (audio/playback.py); a later one, on an
         # engine slower than real time, waits here until the rest of it will come in time: the gap
@@ -244,12 +301,12 @@ class TtsStage:
                     if held_s < hold_s:
                         continue
                     log.debug("sentence_held", segment=spoken + 1, held_s=round(held_s, 2))
-                    if not await self._flush(chunks, held):
+                    if not await self._flush(deliver, held):
                         return False
                     continue
-                if not await self._put(job, chunks, chunk):
+                if not await self._put(job, deliver, chunk):
                     return False
-        if held and not await self._flush(chunks, held):
+        if held and not await self._flush(deliver, held):
             return False
         log.debug("segment_synthesized", segment=spoken + 1, chars=len(text))
         return True
@@ -291,24 +348,18 @@ class TtsStage:
         return seconds
 
     @staticmethod
-    async def _flush(chunks: Channel[np.ndarray], held: list[np.ndarray]) -> bool:
-        """Hand on what was held back (already counted as made); False once playback has ended."""
-        try:
-            for chunk in held:
-                await chunks.put(chunk)
-        except ChannelClosed:
-            return False
+    async def _flush(deliver: Deliver, held: list[np.ndarray]) -> bool:
+        """Hand on what was held back (already counted as made); False once it is no longer wanted."""
+        for chunk in held:
+            if not await deliver(chunk):
+                return False
         held.clear()
         return True
 
-    async def _put(self, job: Job, chunks: Channel[np.ndarray], chunk: np.ndarray) -> bool:
-        """Hand ``chunk`` to playback; False once playback has ended early (stop, device error)."""
+    async def _put(self, job: Job, deliver: Deliver, chunk: np.ndarray) -> bool:
+        """Hand ``chunk`` on; False once it is no longer wanted (stop, device error, caller gone)."""
         self._made(job, chunk)
-        try:
-            await chunks.put(chunk)
-        except ChannelClosed:
-            return False
-        return True
+        return await deliver(chunk)
 
     def _with_library_voice(self, synth: SynthesisRequest, name: str, pins: contextlib.ExitStack) -> SynthesisRequest:
         """``synth`` speaking the library voice ``name`` (read afresh: it may have changed or gone),

@@ -8,10 +8,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
-from s2s_daemon.audio.stretch import SPEED_RANGE, StretchUnavailableError, needs_stretch, require_stretch
 from s2s_daemon.intake.http.encoders import FORMATS
 from s2s_daemon.intake.schemas import IntakeRules, decode_json_object
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
+from s2s_daemon.pipeline.stretch import SPEED_RANGE, StretchUnavailableError, needs_stretch, require_stretch
 from s2s_daemon.pipeline.vocabulary import UnknownVoiceError
 
 OPENAI_VOICES = frozenset(

@@ -14,7 +14,7 @@ import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from s2s_daemon.audio.stream import pcm16
+from s2s_daemon.pipeline.output import pcm16
 from s2s_daemon.pipeline.vocabulary import Samples
 
 FORMATS = ("mp3", "opus", "flac", "wav", "pcm")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from s2s_daemon.mqtt.messages import OutMessage
+from s2s_daemon.mqtt.packets import OutMessage
 from s2s_daemon.mqtt.topics import Topics
 
 MEMORY_KEPT_S = 600.0

@@ -26,7 +26,6 @@ import numpy as np
 import structlog
 from aiohttp import web
 
-from s2s_daemon.audio.stream import CallerStream
 from s2s_daemon.config import HttpConfig
 from s2s_daemon.errors import ConfigError, UnavailableError
 from s2s_daemon.intake.http.api import (
@@ -46,6 +45,7 @@ from s2s_daemon.intake.http.web import WebPage
 from s2s_daemon.intake.schemas import IntakeRules, parse_say, resolve_voice
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.messages import ErrorCode, Status
+from s2s_daemon.pipeline.output import CallerStream
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, Samples, model_name
 
 log = structlog.get_logger(__name__)

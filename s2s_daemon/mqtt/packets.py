@@ -1,4 +1,5 @@
-"""What the link sends and receives, and the acknowledgement a received message owes the broker."""
+"""Packets the MQTT link sends and receives (``OutMessage``, ``InMessage``), and the acknowledgement a
+received one owes the broker (``Receipt``). Not the pipeline's typed messages (``pipeline/messages.py``)."""
 
 from __future__ import annotations
 
