@@ -15,31 +15,20 @@ from s2s_daemon import preflight
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.config import DaemonConfig
 from s2s_daemon.errors import EXIT_FAILURE, EXIT_NOPERM, EXIT_OK, EXIT_SOFTWARE, UnavailableError
-from s2s_daemon.events.discovery import HaDiscovery
 from s2s_daemon.events.memory import memory_payload
-from s2s_daemon.events.metrics import DaemonMetrics, MeteredEvents
+from s2s_daemon.events.metrics import DaemonMetrics
 from s2s_daemon.events.publisher import MqttEvents, now_ms
 from s2s_daemon.events.readiness import Phase, Readiness
 from s2s_daemon.intake.http import open_http_server, open_monitor_server, require_http_extra, require_monitor_extra
-from s2s_daemon.intake.http.live import LiveFeed
-from s2s_daemon.intake.mqtt import DurableEvents, MqttIntake
-from s2s_daemon.intake.pool import PoolHandBack
-from s2s_daemon.intake.schemas import IntakeRules
-from s2s_daemon.intake.streams import StreamIntake
 from s2s_daemon.mqtt.broker import EmbeddedBroker
-from s2s_daemon.mqtt.connection import MqttProtocol
-from s2s_daemon.mqtt.link import MqttLink
-from s2s_daemon.mqtt.packets import OutMessage
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.notify import SystemdNotifier
-from s2s_daemon.pipeline.jobs import Dispatcher, JobEvents
 from s2s_daemon.pipeline.journal import Recovered, RequestJournal, default_journal_path
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError
 from s2s_daemon.pipeline.vocabulary import EngineInfo
 from s2s_daemon.progress import Progress
 from s2s_daemon.tts.worker import EngineWorker
-from s2s_daemon.vad.policy import BargeIn, VadGate
-from s2s_daemon.wiring import Pipeline, build_pipeline, load_engine
+from s2s_daemon.wiring import DaemonHooks, DaemonParts, build_daemon, load_engine, require_wyoming
 
 log = structlog.get_logger(__name__)
 
@@ -48,17 +37,8 @@ MEMORY_MIN_INTERVAL_S = 0.25
 """Per-utterance memory events are at most this often (a burst of short utterances shares one)."""
 
 
-def require_wyoming() -> None:
-    """``wyoming.enabled`` without the package is exit 69 naming the extra (before the model loads)."""
-    try:
-        import wyoming  # noqa: F401 -- only whether it imports
-    except ImportError as exc:
-        msg = f"wyoming.enabled needs the wyoming package: pip install 's2s-daemon[wyoming]' ({exc})"
-        raise UnavailableError(msg) from exc
-
-
 class Daemon:
-    """Wires the stages together. The constructor does no I/O."""
+    """Runs the daemon through its phases (the graph is ``wiring.build_daemon``'s). The constructor does no I/O."""
 
     def __init__(self, config: DaemonConfig, notifier: SystemdNotifier | None = None) -> None:
         self.config = config
@@ -73,6 +53,8 @@ class Daemon:
         """The phase ``/health`` and ``/ready`` report."""
         self.metrics = DaemonMetrics()
         """``/metrics``: a registry of this daemon's own."""
+        self._parts: DaemonParts | None = None
+        """What ``build_daemon`` built, once the daemon serves (the engine's wedge stops it)."""
 
     # -- signals -----------------------------------------------------------------------
 
@@ -136,7 +118,7 @@ class Daemon:
             journal.on_commit = self.metrics.journal_committed
         try:
             self.readiness.enter(Phase.LOADING)
-            worker, info = await load_engine(cfg)
+            worker, info = await load_engine(cfg, on_wedged=self._engine_wedged)
         except BaseException:
             if journal is not None:
                 journal.close()
@@ -191,9 +173,14 @@ class Daemon:
         http: Any = None,
     ) -> int:
         """ready -> run -> drain, with every long-lived task in one group."""
-        wiring = await self._wire(worker, info, sink, journal, http)
+        cfg = self.config
+        hooks = DaemonHooks(on_utterance_end=self._memory_now.set, on_denied=self._subscription_denied)
+        wiring = await build_daemon(cfg, self.topics, worker, info, sink, self.metrics, hooks, journal, http)
+        self._parts = wiring
+        self.readiness.broker_connected = wiring.link.connected.is_set
+        self.metrics.watch(queue_depth=wiring.pipeline.requests.__len__, ready=self.readiness.ready)
         if wiring.durable is not None and recovered is not None:
-            queued, expired = wiring.durable.resume(recovered, self.config.queue.resume_max_age_s)
+            queued, expired = wiring.durable.resume(recovered, cfg.queue.resume_max_age_s)
             if recovered.open or recovered.unsent:
                 log.info("journal_resumed", queued=queued, expired=expired, republished=len(recovered.unsent))
         async with asyncio.TaskGroup() as tg:
@@ -205,81 +192,6 @@ class Daemon:
             await self._drain(wiring, tasks)
         log.info("stopped", exit_code=self._exit_code)
         return self._exit_code
-
-    async def _wire(
-        self,
-        worker: EngineWorker,
-        info: EngineInfo,
-        sink: AudioSink,
-        journal: RequestJournal | None = None,
-        http: Any = None,
-    ) -> _Wiring:
-        """The pipeline, its events and every intake; servers that listen are bound here (a taken
-        port is exit 69 before anything runs), the speech API (listening since before the model
-        loaded) is handed the pipeline. With the journal, the events go through ``DurableEvents``
-        and the MQTT intake acknowledges what it journaled once committed. Every terminal event
-        is counted into the metrics first (``MeteredEvents``)."""
-        cfg = self.config
-        link: MqttLink
-        pipeline: Pipeline
-        durable = (
-            DurableEvents(journal, lambda: pipeline.ledger, lambda m: link.publish(m)) if journal is not None else None
-        )
-        publish = durable.publish if durable is not None else (lambda m: link.publish(m))
-        feed = LiveFeed(self.topics) if cfg.http.enabled else None  # the web page's live view
-        events = MqttEvents(
-            publish=feed.tap(publish) if feed is not None else publish,
-            topics=self.topics,
-            info=info,
-            qos=cfg.mqtt.qos,
-            hermes=cfg.mqtt.hermes,
-            state=lambda: pipeline.snapshot(),
-            on_utterance_end=self._memory_now.set,
-            voice_kinds=lambda: pipeline.voice_kinds(),
-        )
-        job_events: JobEvents = events
-        if durable is not None:
-            durable.inner = events
-            job_events = durable
-        job_events = MeteredEvents(job_events, self.metrics, info)
-        gate = VadGate(cfg.vad.max_wait_s)
-        pipeline = build_pipeline(cfg, worker, info, sink, job_events, gate=gate.hold)
-        ledger, rules = pipeline.ledger, pipeline.rules
-        discovery = HaDiscovery(cfg.ha, self.topics, info)
-
-        def on_ha_birth(payload: bytes) -> None:
-            for message in discovery.on_birth(payload):
-                link.publish(message)
-
-        ha_birth = (discovery.birth_topic, on_ha_birth) if discovery.enabled else None
-        intake = MqttIntake(ledger, rules, self.topics, cfg.mqtt.hermes, ha_birth=ha_birth, durable=durable)
-        if self.topics.pool_subscription is not None:  # a pool member hands its pool requests back on drain
-            intake.pool = PoolHandBack(ledger, rules, self.topics, lambda m: link.publish(m), durable)
-
-        def on_connect() -> list[OutMessage]:
-            retained = [events.status_message(True), events.info_message(), events.state_message()]
-            return retained + discovery.connect_messages()  # Home Assistant's configs, or their removal
-
-        link = MqttLink(
-            cfg.mqtt,
-            self.topics,
-            cfg.mqtt.client_id or f"s2s-{cfg.site_id}",
-            intake.handle,
-            on_connect,
-            # amqtt speaks 3.1.1 only and stalls on a v5 CONNECT instead of refusing it.
-            protocol=MqttProtocol.V311 if cfg.mqtt.broker == "embedded" else None,
-            subscriptions=discovery.subscriptions(),
-            auto_ack=durable is None,  # the intake acknowledges once the journal committed
-            on_denied=self._subscription_denied,
-        )
-        link.prepare()
-        self.readiness.broker_connected = link.connected.is_set
-        self.metrics.watch(queue_depth=lambda: len(pipeline.requests), ready=self.readiness.ready)
-        wyoming = await self._open_wyoming(ledger, rules, info)
-        if http is not None:
-            http.attach(ledger, rules, info, feed)
-        vad = await self._open_vad(ledger, events, gate)
-        return _Wiring(pipeline, events, link, wyoming, http, vad, durable, intake.pool, intake.streams)
 
     def _subscription_denied(self, refused: list[tuple[str, str]]) -> None:
         """The broker refused a subscription (its ACL): a daemon that cannot hear its requests stops,
@@ -297,9 +209,8 @@ class Daemon:
         )
         self.request_stop()
 
-    def _start(self, tg: asyncio.TaskGroup, wiring: _Wiring, worker: EngineWorker) -> _Tasks:
+    def _start(self, tg: asyncio.TaskGroup, wiring: DaemonParts, worker: EngineWorker) -> _Tasks:
         pipeline = wiring.pipeline
-        worker.on_wedged = lambda reason: self._engine_wedged(wiring, reason)
         tasks = _Tasks(
             link=tg.create_task(wiring.link.run(), name="s2s.mqtt"),
             tts=tg.create_task(pipeline.tts.run(), name="s2s.tts"),
@@ -309,7 +220,7 @@ class Daemon:
             if wiring.durable is not None
             else None,
         )
-        tasks.helpers.append(tg.create_task(wiring.events.run_state(), name="s2s.events.state"))
+        tasks.helpers.append(tg.create_task(wiring.events.run_state(pipeline.snapshot), name="s2s.events.state"))
         tasks.helpers.append(tg.create_task(self._memory_loop(worker, wiring.events), name="s2s.telemetry.memory"))
         if self.notifier.watchdog_interval_s:
             tasks.helpers.append(tg.create_task(self._watchdog(worker), name="s2s.watchdog"))
@@ -319,7 +230,7 @@ class Daemon:
             tasks.helpers.append(tg.create_task(wiring.http.serve(), name="s2s.http"))
         return tasks
 
-    async def _drain(self, wiring: _Wiring, tasks: _Tasks) -> None:
+    async def _drain(self, wiring: DaemonParts, tasks: _Tasks) -> None:
         """Accept no more, let the current utterance end (at most ``shutdown.drain_timeout_s``),
         answer everything still open, say ``offline``."""
         cfg = self.config
@@ -363,41 +274,13 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
                     await wiring.durable.journal.settle()
-        wiring.link.publish(wiring.events.state_message())
+        wiring.link.publish(wiring.events.state_message(wiring.pipeline.snapshot()))
         await wiring.link.close([wiring.events.status_message(False)], CLOSE_TIMEOUT_S)
         tasks.link.cancel()
         if pool is not None:
             log.info("pool_handed_back", requests=pool.handed_back, acknowledged=pool.acknowledged)
         if tasks.journal is not None:
             tasks.journal.cancel()  # what the last acknowledgements wrote is committed by its close
-
-    async def _open_wyoming(self, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo) -> Any:
-        """The Wyoming TTS server, listening (a taken port is exit 69); None when it is off."""
-        cfg = self.config.wyoming
-        if not cfg.enabled:
-            return None
-        require_wyoming()
-        from s2s_daemon.intake.wyoming import WyomingServer
-
-        server = WyomingServer(cfg, dispatcher, rules, info, self.config.site_id)
-        await server.start()
-        return server
-
-    async def _open_vad(self, dispatcher: Dispatcher, events: MqttEvents, gate: VadGate) -> Any:
-        cfg = self.config.vad
-        if not cfg.enabled:
-            return None
-        from s2s_daemon.vad.stage import VadStage
-
-        barge_in = BargeIn(cfg.policy, gate, dispatcher)
-
-        def on_event(event: Any) -> None:
-            events.vad(event.speaking, event.signal_ms)
-            barge_in.on_speech(event.speaking)
-
-        stage = VadStage(cfg, on_event)
-        await stage.open()
-        return stage
 
     async def _memory_loop(self, worker: EngineWorker, events: MqttEvents) -> None:
         """The memory event: once at start (the metrics and Home Assistant's sensor have a figure
@@ -418,16 +301,18 @@ class Daemon:
             # minimum gap, then reports the memory after the latest of them.
             await asyncio.sleep(MEMORY_MIN_INTERVAL_S)
 
-    def _engine_wedged(self, wiring: _Wiring, reason: str) -> None:
+    def _engine_wedged(self, reason: str) -> None:
         """The engine thread is stuck for good (``EngineWorker``): stop serving and exit 70 through
         the drain. What was not spoken is left to the next start: journaled MQTT requests stopped
-        now are not answered (their rows stay open), the failed request was answered already."""
-        if self._exit_code == EXIT_SOFTWARE:
+        now are not answered (their rows stay open), the failed request was answered already.
+        Before the daemon serves (warm-up), the failure surfaces where the engine was called."""
+        wiring = self._parts
+        if self._exit_code == EXIT_SOFTWARE or wiring is None:
             return
         self._exit_code = EXIT_SOFTWARE
         log.critical("exiting_engine_wedged", reason=reason, exit_code=EXIT_SOFTWARE)
         if wiring.durable is not None:
-            wiring.durable.leave_open()
+            wiring.durable.outbox.leave_open()
         stopped = wiring.pipeline.ledger.stop_all()
         log.info("left_for_restart_total", requests=stopped, journal=wiring.durable is not None)
         self.request_stop()
@@ -443,23 +328,6 @@ class Daemon:
                 return
             self.notifier.watchdog()
             await asyncio.sleep(interval / 2)
-
-
-@dataclass(frozen=True, slots=True)
-class _Wiring:
-    """What ``_wire`` built: the pipeline, its MQTT events and link, and the optional intakes."""
-
-    pipeline: Pipeline
-    events: MqttEvents
-    link: MqttLink
-    wyoming: Any
-    http: Any
-    vad: Any
-    durable: DurableEvents | None = None
-    pool: PoolHandBack | None = None
-    """A pool member's hand-back (``mqtt.shared_group``); None otherwise."""
-    streams: StreamIntake | None = None
-    """The streamed says the MQTT intake has open (``tts/stream``)."""
 
 
 @dataclass(slots=True)

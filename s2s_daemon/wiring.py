@@ -1,7 +1,8 @@
 """The engine and the speech pipeline, loaded and built one way for ``run`` and ``say``: the engine
 on its worker thread (load failures mapped to exit codes), the request queue, the ledger, the
 TTS stage on the engine's worker and the playback stage in front of the sink, and the rules every
-intake checks a request against.
+intake checks a request against; for ``run`` also the daemon's graph around it (``build_daemon``:
+events, journal outbox, intakes, MQTT link, listeners), built in one direction.
 
 ```
  intake(s) --submit--> ledger --> request queue --> TtsStage --utterances--> PlaybackStage --> sink
@@ -12,9 +13,11 @@ intake checks a request against.
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -22,10 +25,23 @@ from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import AudioSink
 from s2s_daemon.config import DaemonConfig
 from s2s_daemon.errors import ConfigError, UnavailableError
+from s2s_daemon.events.discovery import HaDiscovery
+from s2s_daemon.events.metrics import DaemonMetrics, MeteredEvents
+from s2s_daemon.events.publisher import MqttEvents
+from s2s_daemon.intake.http.live import LiveFeed
+from s2s_daemon.intake.mqtt import MQTT_ORIGINS, MqttIntake
+from s2s_daemon.intake.pool import PoolHandBack
 from s2s_daemon.intake.schemas import IntakeRules
+from s2s_daemon.intake.streams import StreamIntake
+from s2s_daemon.mqtt.connection import MqttProtocol
+from s2s_daemon.mqtt.link import MqttLink
+from s2s_daemon.mqtt.packets import OutMessage, Publisher
+from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import Dispatcher, JobEvents
+from s2s_daemon.pipeline.journal import RequestJournal
 from s2s_daemon.pipeline.messages import Utterance
+from s2s_daemon.pipeline.outbox import DurableRequests, Outbox
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice, normalize_language
@@ -40,16 +56,23 @@ from s2s_daemon.tts.engine import (
 from s2s_daemon.tts.registry import create_engine, engine_options
 from s2s_daemon.tts.stage import TtsStage
 from s2s_daemon.tts.worker import EngineWorker
+from s2s_daemon.vad.policy import BargeIn, VadGate
 
 log = structlog.get_logger(__name__)
 
 
-async def load_engine(config: DaemonConfig) -> tuple[EngineWorker, EngineInfo]:
-    """Create and load the configured engine on its worker thread; map failures to exit codes."""
+async def load_engine(
+    config: DaemonConfig, on_wedged: Callable[[str], None] | None = None
+) -> tuple[EngineWorker, EngineInfo]:
+    """Create and load the configured engine on its worker thread; map failures to exit codes.
+    ``on_wedged``: the engine thread is stuck for good (``EngineWorker``)."""
     log.info("engine_loading", engine=config.tts.engine, model=config.tts.model)
     engine: TtsEngine = create_engine(config.tts.engine, engine_options(config.tts))
     worker = EngineWorker(
-        engine, stall_timeout_s=config.tts.stall_timeout_s, max_utterance_s=config.tts.max_utterance_s
+        engine,
+        stall_timeout_s=config.tts.stall_timeout_s,
+        max_utterance_s=config.tts.max_utterance_s,
+        on_wedged=on_wedged,
     )
     try:
         info = await worker.load()
@@ -138,11 +161,7 @@ class Pipeline:
 
     def voice_kinds(self) -> dict[str, str]:
         """Every voice a request may name, preset speakers and library voices, with its kind (``info``)."""
-        kinds: dict[str, str] = {}
-        if self.library is not None:
-            kinds.update({name: str(kind) for name, kind in self.library.names().items()})
-        kinds.update({name: str(VoiceKind.PRESET) for name in self.rules.voices})  # presets win a clash
-        return kinds
+        return voice_kinds(self.rules)
 
     def snapshot(self) -> tuple[str, str | None, int]:
         """(idle|synthesizing|speaking, current id, queue length) for the retained state topic."""
@@ -157,6 +176,46 @@ class Pipeline:
             tg.create_task(self.playback.run(), name="s2s.playback")
 
 
+def build_rules(
+    config: DaemonConfig,
+    info: EngineInfo,
+    *,
+    default_voice: str | None = None,
+    template: SynthesisRequest | None = None,
+) -> IntakeRules:
+    """The rules every intake checks a request against; ``default_voice`` overrides ``tts.voice``
+    (``say --voice``)."""
+    library = voice_library(config, info)
+    voice = config.tts.voice if default_voice is None else default_voice
+    cloning = template is not None and template.ref_audio is not None  # say --ref-audio
+    no_default = None if cloning else no_default_voice(config, info, library, voice)
+    if no_default is not None:
+        voice = None
+        log.warning("no_default_voice", model=info.model, mode=info.mode, requests_without_a_voice=no_default)
+    elif info.voices or voice is not None:
+        log.info("default_voice", voice=match_voice(None, info.voices, voice) if info.voices else voice)
+    return IntakeRules(
+        site_id=config.site_id,
+        max_text_chars=config.tts.max_text_chars,
+        voices=info.voices,
+        languages=info.languages,
+        default_voice=voice,
+        default_language=config.tts.language,
+        library=library,
+        stream_idle_s=config.tts.stream_idle_s,
+        no_default=no_default,
+    )
+
+
+def voice_kinds(rules: IntakeRules) -> dict[str, str]:
+    """Every voice a request may name, preset speakers and library voices, with its kind (``info``)."""
+    kinds: dict[str, str] = {}
+    if rules.library is not None:
+        kinds.update({name: str(kind) for name, kind in rules.library.names().items()})
+    kinds.update({name: str(VoiceKind.PRESET) for name in rules.voices})  # presets win a clash
+    return kinds
+
+
 def build_pipeline(
     config: DaemonConfig,
     worker: EngineWorker,
@@ -168,30 +227,15 @@ def build_pipeline(
     default_voice: str | None = None,
     gate: Callable[[], asyncio.Future[None] | None] | None = None,
     template: SynthesisRequest | None = None,
+    rules: IntakeRules | None = None,
 ) -> Pipeline:
-    """The pipeline for ``config``; ``default_voice`` overrides ``tts.voice`` (``say --voice``)."""
+    """The pipeline for ``config``; ``default_voice`` overrides ``tts.voice`` (``say --voice``);
+    ``rules`` when they were built before (the daemon's events name their voices)."""
     requests = RequestQueue(config.queue.max_pending if max_pending is None else max_pending)
     ledger = Dispatcher(requests, events, config.queue.dedup_window)
-    library = voice_library(config, info)
-    voice = config.tts.voice if default_voice is None else default_voice
-    cloning = template is not None and template.ref_audio is not None  # say --ref-audio
-    no_default = None if cloning else no_default_voice(config, info, library, voice)
-    if no_default is not None:
-        voice = None
-        log.warning("no_default_voice", model=info.model, mode=info.mode, requests_without_a_voice=no_default)
-    elif info.voices or voice is not None:
-        log.info("default_voice", voice=match_voice(None, info.voices, voice) if info.voices else voice)
-    rules = IntakeRules(
-        site_id=config.site_id,
-        max_text_chars=config.tts.max_text_chars,
-        voices=info.voices,
-        languages=info.languages,
-        default_voice=voice,
-        default_language=config.tts.language,
-        library=library,
-        stream_idle_s=config.tts.stream_idle_s,
-        no_default=no_default,
-    )
+    if rules is None:
+        rules = build_rules(config, info, default_voice=default_voice, template=template)
+    library = rules.library
     utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
     # Only a speaker heard as it plays is worth waiting for: a file, the discard sink and callers'
     # streams take the audio as it comes, and nobody is kept out of the engine's steps for them.
@@ -213,3 +257,146 @@ def build_pipeline(
     )
     playback = PlaybackStage(sink, utterances, ledger, pacer)
     return Pipeline(requests, ledger, rules, tts, playback, library)
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonHooks:
+    """What the lifecycle (``app.py``) hears from the parts it runs."""
+
+    on_utterance_end: Callable[[], None]
+    """An utterance ended (the memory event is due)."""
+    on_denied: Callable[[list[tuple[str, str]]], None]
+    """The broker refused subscriptions: (topic, reason) each."""
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonParts:
+    """What ``build_daemon`` built: the pipeline, its MQTT events and link, and the optional parts."""
+
+    pipeline: Pipeline
+    events: MqttEvents
+    link: MqttLink
+    wyoming: Any
+    http: Any
+    vad: Any
+    durable: DurableRequests | None = None
+    """The journal's side of admission (and through it the outbox); None without the journal."""
+    pool: PoolHandBack | None = None
+    """A pool member's hand-back (``mqtt.shared_group``); None otherwise."""
+    streams: StreamIntake | None = None
+    """The streamed says the MQTT intake has open (``tts/stream``)."""
+
+
+async def build_daemon(
+    config: DaemonConfig,
+    topics: Topics,
+    worker: EngineWorker,
+    info: EngineInfo,
+    sink: AudioSink,
+    metrics: DaemonMetrics,
+    hooks: DaemonHooks,
+    journal: RequestJournal | None = None,
+    http: Any = None,
+) -> DaemonParts:
+    """The daemon's graph, each part built after what it needs. The MQTT link comes last (it needs
+    the intake, which needs the ledger, which needs the events): the parts before it publish
+    through a ``Publisher`` bound to the link once it exists. With the journal, terminal events go
+    through the ``Outbox`` and the MQTT intake acknowledges what it journaled once committed; every
+    terminal event is counted into the metrics first (``MeteredEvents``); the web page's live view
+    taps every event published (``LiveFeed``). Servers that listen are bound here (a taken port is
+    exit 69 before anything runs); the speech API, listening since before the model loaded, is
+    handed the pipeline."""
+    publisher = Publisher()
+    feed = LiveFeed(topics) if config.http.enabled else None
+    publish: Callable[[OutMessage], None] = feed.tap(publisher) if feed is not None else publisher
+    outbox = Outbox(journal, publish, OutMessage.restore, MQTT_ORIGINS) if journal is not None else None
+    rules = build_rules(config, info)
+    events = MqttEvents(
+        publish=publish,
+        topics=topics,
+        info=info,
+        qos=config.mqtt.qos,
+        hermes=config.mqtt.hermes,
+        on_utterance_end=hooks.on_utterance_end,
+        voice_kinds=functools.partial(voice_kinds, rules),
+        outbox=outbox,
+    )
+    gate = VadGate(config.vad.max_wait_s)
+    pipeline = build_pipeline(
+        config, worker, info, sink, MeteredEvents(events, metrics, info), gate=gate.hold, rules=rules
+    )
+    ledger = pipeline.ledger
+    durable = DurableRequests(outbox, ledger) if outbox is not None else None
+    pool = (  # a pool member hands its pool requests back on drain
+        PoolHandBack(ledger, rules, topics, publisher, durable) if topics.pool_subscription is not None else None
+    )
+    discovery = HaDiscovery(config.ha, topics, info)
+
+    def on_ha_birth(payload: bytes) -> None:
+        for message in discovery.on_birth(payload):
+            publisher(message)
+
+    ha_birth = (discovery.birth_topic, on_ha_birth) if discovery.enabled else None
+    intake = MqttIntake(ledger, rules, topics, config.mqtt.hermes, ha_birth=ha_birth, durable=durable, pool=pool)
+
+    def on_connect() -> list[OutMessage]:
+        retained = [events.status_message(True), events.info_message(), events.state_message(pipeline.snapshot())]
+        return retained + discovery.connect_messages()  # Home Assistant's configs, or their removal
+
+    link = MqttLink(
+        config.mqtt,
+        topics,
+        config.mqtt.client_id or f"s2s-{config.site_id}",
+        intake.handle,
+        on_connect,
+        # amqtt speaks 3.1.1 only and stalls on a v5 CONNECT instead of refusing it.
+        protocol=MqttProtocol.V311 if config.mqtt.broker == "embedded" else None,
+        subscriptions=discovery.subscriptions(),
+        auto_ack=durable is None,  # the intake acknowledges once the journal committed
+        on_denied=hooks.on_denied,
+    )
+    publisher.bind(link.publish)
+    link.prepare()
+    wyoming = await open_wyoming(config, ledger, rules, info)
+    if http is not None:
+        http.attach(ledger, rules, info, feed)
+    vad = await open_vad(config, ledger, events, gate)
+    return DaemonParts(pipeline, events, link, wyoming, http, vad, durable, pool, intake.streams)
+
+
+def require_wyoming() -> None:
+    """``wyoming.enabled`` without the package is exit 69 naming the extra (before the model loads)."""
+    try:
+        import wyoming  # noqa: F401 -- only whether it imports
+    except ImportError as exc:
+        msg = f"wyoming.enabled needs the wyoming package: pip install 's2s-daemon[wyoming]' ({exc})"
+        raise UnavailableError(msg) from exc
+
+
+async def open_wyoming(config: DaemonConfig, ledger: Dispatcher, rules: IntakeRules, info: EngineInfo) -> Any:
+    """The Wyoming TTS server, listening (a taken port is exit 69); None when it is off."""
+    if not config.wyoming.enabled:
+        return None
+    require_wyoming()
+    from s2s_daemon.intake.wyoming import WyomingServer
+
+    server = WyomingServer(config.wyoming, ledger, rules, info, config.site_id)
+    await server.start()
+    return server
+
+
+async def open_vad(config: DaemonConfig, ledger: Dispatcher, events: MqttEvents, gate: VadGate) -> Any:
+    """The microphone's voice activity stage, open (its events and the barge-in); None when it is off."""
+    if not config.vad.enabled:
+        return None
+    from s2s_daemon.vad.stage import VadStage
+
+    barge_in = BargeIn(config.vad.policy, gate, ledger)
+
+    def on_event(event: Any) -> None:
+        events.vad(event.speaking, event.signal_ms)
+        barge_in.on_speech(event.speaking)
+
+    stage = VadStage(config.vad, on_event)
+    await stage.open()
+    return stage

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from s2s_daemon.errors import EXIT_UNAVAILABLE, UnavailableError
-from s2s_daemon.intake.mqtt import DurableEvents
+from s2s_daemon.intake.mqtt import MQTT_ORIGINS
 from s2s_daemon.mqtt.link import _Publishes
 from s2s_daemon.mqtt.packets import OutMessage
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.journal import RequestJournal, default_journal_path
 from s2s_daemon.pipeline.messages import ReplyTo, SayRequest, Status
+from s2s_daemon.pipeline.outbox import DurableRequests, Outbox
 from s2s_daemon.pipeline.queue import RequestQueue
 from tests.support.broker import Mosquitto
 from tests.support.daemon import DaemonProcess, write_config
@@ -175,8 +176,8 @@ def test_default_path_follows_systemd_then_xdg_then_home(tmp_path: Path) -> None
 
 
 class RecordingEvents:
-    def __init__(self, publish: Callable[[OutMessage], None]) -> None:
-        self.publish = publish
+    def __init__(self, outbox: Outbox[OutMessage]) -> None:
+        self.outbox = outbox
         self.finished_jobs: list[Job] = []
 
     def started(self, job: Job) -> None:
@@ -184,21 +185,19 @@ class RecordingEvents:
 
     def finished(self, job: Job) -> None:
         self.finished_jobs.append(job)
-        self.publish(OutMessage("s2s/kitchen/tts/finished", job.request.id.encode(), 1))
+        self.outbox.answer(job, [OutMessage("s2s/kitchen/tts/finished", job.request.id.encode(), 1)])
 
     def state_changed(self) -> None:
         pass
 
 
-def durable_setup(tmp_path: Path) -> tuple[RequestJournal, Manual, Dispatcher, DurableEvents, list[OutMessage]]:
+def durable_setup(tmp_path: Path) -> tuple[RequestJournal, Manual, Dispatcher, DurableRequests, list[OutMessage]]:
     journal, manual = journal_at(tmp_path / "j.sqlite3")
     journal.open()
     sent: list[OutMessage] = []
-    ledger: Dispatcher
-    durable = DurableEvents(journal, lambda: ledger, sent.append)
-    inner = RecordingEvents(durable.publish)
-    durable.inner = inner
-    ledger = Dispatcher(RequestQueue(100), durable, 64)
+    outbox = Outbox(journal, sent.append, OutMessage.restore, MQTT_ORIGINS)
+    ledger = Dispatcher(RequestQueue(100), RecordingEvents(outbox), 64)
+    durable = DurableRequests(outbox, ledger)
     return journal, manual, ledger, durable, sent
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from s2s_daemon.intake.mqtt import DurableEvents, MqttIntake
+from s2s_daemon.intake.mqtt import MQTT_ORIGINS, MqttIntake
 from s2s_daemon.intake.pool import PoolHandBack, hand_back_message, hand_back_payload
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
 from s2s_daemon.mqtt.packets import InMessage, OutMessage
@@ -25,6 +25,7 @@ from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.jobs import Dispatcher, Job
 from s2s_daemon.pipeline.journal import RequestJournal
 from s2s_daemon.pipeline.messages import ReplyTo, SayRequest
+from s2s_daemon.pipeline.outbox import DurableRequests, Outbox
 from s2s_daemon.pipeline.queue import RequestQueue
 from tests.support.broker import Mosquitto
 from tests.support.daemon import DaemonProcess, write_config
@@ -175,12 +176,9 @@ def test_the_journal_entry_is_finished_only_once_the_broker_acknowledged_the_han
     events = Events()
     ledger = Dispatcher(RequestQueue(16), events, 64)
     published: list[OutMessage] = []
-    durable = DurableEvents(journal, lambda: ledger, published.append)
-    durable.inner = events
-    ledger.events = durable
-    intake = MqttIntake(ledger, RULES, TOPICS, hermes=False, durable=durable)
+    durable = DurableRequests(Outbox(journal, published.append, OutMessage.restore, MQTT_ORIGINS), ledger)
     pool = PoolHandBack(ledger, RULES, TOPICS, published.append, durable)
-    intake.pool = pool
+    intake = MqttIntake(ledger, RULES, TOPICS, hermes=False, durable=durable, pool=pool)
     now = time.monotonic()
     for rid in ("q1", "q2"):
         intake.handle(InMessage(POOL, json.dumps({"id": rid, "text": "queued"}).encode(), None, now))

@@ -15,6 +15,7 @@ from s2s_daemon.mqtt.packets import OutMessage
 from s2s_daemon.mqtt.topics import HERMES_ERROR, HERMES_SAY_FINISHED, Topics, hermes_vad
 from s2s_daemon.pipeline.jobs import Job
 from s2s_daemon.pipeline.messages import ErrorCode, Status
+from s2s_daemon.pipeline.outbox import Outbox
 from s2s_daemon.pipeline.vocabulary import EngineInfo
 
 log = structlog.get_logger(__name__)
@@ -90,7 +91,9 @@ def latency_payload(job: Job, info: EngineInfo) -> dict[str, object]:
 
 
 class MqttEvents:
-    """The daemon's ``JobEvents``: publishes through the link's outbox, never blocks."""
+    """The daemon's ``JobEvents``: turns a job's events into messages, never blocks. A terminal
+    event's messages go to the ``outbox`` (journaled, published once committed); without one,
+    and every other event, they are published at once."""
 
     def __init__(
         self,
@@ -99,17 +102,16 @@ class MqttEvents:
         info: EngineInfo,
         qos: int,
         hermes: bool,
-        state: Callable[[], tuple[str, str | None, int]],
         on_utterance_end: Callable[[], None],
         voice_kinds: Callable[[], dict[str, str]] | None = None,
+        outbox: Outbox[OutMessage] | None = None,
     ) -> None:
         self._publish = publish
         self.topics = topics
         self.info = info
         self.qos = qos
         self.hermes = hermes
-        self._state = state
-        """Returns (state, current id, queue length)."""
+        self.outbox = outbox
         self._on_utterance_end = on_utterance_end
         self._voice_kinds = voice_kinds
         """Every voice a request may name with its kind (presets and the library, scanned now)."""
@@ -118,8 +120,11 @@ class MqttEvents:
         self._state_dirty = asyncio.Event()
         self._last_state: tuple[str, str | None, int] | None = None
 
-    def _send(self, topic: str, payload: dict[str, object], qos: int | None = None, retain: bool = False) -> None:
-        self._publish(OutMessage(topic, dumps(payload), self.qos if qos is None else qos, retain))
+    def _message(self, topic: str, payload: dict[str, object], qos: int | None = None) -> OutMessage:
+        return OutMessage(topic, dumps(payload), self.qos if qos is None else qos)
+
+    def _send(self, topic: str, payload: dict[str, object], qos: int | None = None) -> None:
+        self._publish(self._message(topic, payload, qos))
 
     # -- JobEvents ---------------------------------------------------------------------
 
@@ -138,19 +143,29 @@ class MqttEvents:
         )
 
     def finished(self, job: Job) -> None:
-        payload = finished_payload(job)
-        log.info("request_finished", request_id=job.request.id, status=payload["status"], error=payload.get("error"))
-        self._send(self.topics.finished, payload)
-        reply = job.request.reply_to
-        if reply is not None:
-            self._publish(OutMessage(reply.topic, dumps(payload), self.qos, False, reply.correlation_data or b""))
-        if job.request.origin == "hermes":
-            self._hermes_finished(job)
-        if job.timeline.first_sample_out is not None:  # latency of what was heard; none for a silent end
-            self._send(self.topics.latency, latency_payload(job, self.info), qos=0)
+        messages = self.finished_messages(job)
+        if self.outbox is not None:
+            self.outbox.answer(job, messages)
+        else:
+            for message in messages:
+                self._publish(message)
         if job.timeline.synth_started is not None:
             self._on_utterance_end()
         self._refresh_info(job)
+
+    def finished_messages(self, job: Job) -> list[OutMessage]:
+        """The terminal event's messages: ``tts/finished``, the v5 reply, Hermes', the latency."""
+        payload = finished_payload(job)
+        log.info("request_finished", request_id=job.request.id, status=payload["status"], error=payload.get("error"))
+        messages = [self._message(self.topics.finished, payload)]
+        reply = job.request.reply_to
+        if reply is not None:
+            messages.append(OutMessage(reply.topic, dumps(payload), self.qos, False, reply.correlation_data or b""))
+        if job.request.origin == "hermes":
+            messages.extend(self._hermes_finished(job))
+        if job.timeline.first_sample_out is not None:  # latency of what was heard; none for a silent end
+            messages.append(self._message(self.topics.latency, latency_payload(job, self.info), qos=0))
+        return messages
 
     def _refresh_info(self, job: Job) -> None:
         """Re-publish ``info`` when a request named a library voice, or an unknown one, and the library
@@ -172,17 +187,19 @@ class MqttEvents:
 
     # -- Hermes ------------------------------------------------------------------------
 
-    def _hermes_finished(self, job: Job) -> None:
+    def _hermes_finished(self, job: Job) -> list[OutMessage]:
         req = job.request
         ids: dict[str, object] = {"id": req.id, "siteId": req.site_id, "sessionId": req.session_id}
         if job.status is Status.COMPLETED or job.status is Status.INTERRUPTED:
-            self._send(HERMES_SAY_FINISHED, ids)
-            return
+            return [self._message(HERMES_SAY_FINISHED, ids)]
         message = job.error.message if job.error is not None else str(job.status)
-        self._send(
-            HERMES_ERROR, {"error": message, "context": "tts", "siteId": req.site_id, "sessionId": req.session_id}
-        )
-        self._send(HERMES_SAY_FINISHED, ids)
+        error: dict[str, object] = {
+            "error": message,
+            "context": "tts",
+            "siteId": req.site_id,
+            "sessionId": req.session_id,
+        }
+        return [self._message(HERMES_ERROR, error), self._message(HERMES_SAY_FINISHED, ids)]
 
     # -- other events ------------------------------------------------------------------
 
@@ -199,10 +216,8 @@ class MqttEvents:
     def memory(self, payload: dict[str, object]) -> None:
         self._send(self.topics.memory, payload, qos=0)
 
-    def state_message(self) -> OutMessage:
-        return self._state_out(self._state())
-
-    def _state_out(self, snapshot: tuple[str, str | None, int]) -> OutMessage:
+    def state_message(self, snapshot: tuple[str, str | None, int]) -> OutMessage:
+        """The retained state topic for (state, current id, queue length)."""
         state, current, queued = snapshot
         payload = {"state": state, "queue": queued, "currentId": current, "ts": now_ms()}
         return OutMessage(self.topics.state, dumps(payload), 1, True)
@@ -231,13 +246,14 @@ class MqttEvents:
     def status_message(self, online: bool) -> OutMessage:
         return OutMessage(self.topics.status, b"online" if online else b"offline", 1, True)
 
-    async def run_state(self) -> None:
-        """Publish the retained state whenever it changed, coalescing bursts."""
+    async def run_state(self, state: Callable[[], tuple[str, str | None, int]]) -> None:
+        """Publish the retained state whenever it changed, coalescing bursts; ``state`` returns
+        (state, current id, queue length)."""
         while True:
             await self._state_dirty.wait()
             self._state_dirty.clear()
-            snapshot = self._state()
+            snapshot = state()
             if snapshot != self._last_state:
                 self._last_state = snapshot
-                self._publish(self._state_out(snapshot))
+                self._publish(self.state_message(snapshot))
             await asyncio.sleep(STATE_MIN_INTERVAL_S)

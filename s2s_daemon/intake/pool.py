@@ -18,7 +18,7 @@ import functools
 import json
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
@@ -28,9 +28,7 @@ from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.jobs import Dispatcher
 from s2s_daemon.pipeline.journal import JournalError
 from s2s_daemon.pipeline.messages import ErrorCode, SayRequest, Status
-
-if TYPE_CHECKING:
-    from s2s_daemon.intake.mqtt import DurableEvents
+from s2s_daemon.pipeline.outbox import DurableRequests
 
 log = structlog.get_logger(__name__)
 
@@ -85,7 +83,7 @@ class PoolHandBack:
         rules: IntakeRules,
         topics: Topics,
         publish: Callable[[OutMessage], None],
-        durable: DurableEvents | None = None,
+        durable: DurableRequests | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.rules = rules

@@ -4,8 +4,10 @@ received one owes the broker (``Receipt``). Not the pipeline's typed messages (`
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Self
 
+from s2s_daemon.pipeline.journal import Unsent
 from s2s_daemon.pipeline.messages import ReplyTo
 
 
@@ -26,6 +28,33 @@ class OutMessage:
     """Called with the reason instead of ``on_sent`` when the broker acknowledged it with a failure
     (MQTT v5: not authorized) or with "no matching subscribers" (nobody got it); None: ``on_sent``
     is called then too (it is settled either way)."""
+
+    def once_sent(self, on_sent: Callable[[], None]) -> Self:
+        """The same message, calling ``on_sent`` once the broker acknowledged it."""
+        return replace(self, on_sent=on_sent)
+
+    @classmethod
+    def restore(cls, stored: Unsent) -> OutMessage:
+        """A terminal message the journal kept (``outbox``), to publish again after a restart."""
+        return cls(stored.topic, stored.payload, stored.qos, correlation_data=stored.correlation_data)
+
+
+class Publisher:
+    """The link's ``publish`` for the parts built before the link (the events, the outbox, the pool
+    hand-back): bound once, when the link exists; nothing publishes before that."""
+
+    def __init__(self) -> None:
+        self._publish: Callable[[OutMessage], None] | None = None
+
+    def bind(self, publish: Callable[[OutMessage], None]) -> None:
+        if self._publish is not None:
+            raise RuntimeError("the publisher is bound already")
+        self._publish = publish
+
+    def __call__(self, message: OutMessage) -> None:
+        if self._publish is None:
+            raise RuntimeError("published before the link exists")
+        self._publish(message)
 
 
 class Receipt:
