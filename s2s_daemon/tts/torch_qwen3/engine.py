@@ -572,7 +572,7 @@ class TorchQwen3Engine:
             self.step_blocking([synthesis])
             yield from synthesis.take()
 
-    # -- several requests together (tts/worker.py's batch) ------------------------------------
+    # -- several requests together (tts/scheduler.py's batch) ------------------------------------
     @property
     def max_batch(self) -> int:
         """Requests the worker may decode together, a frame at a time (``open_blocking``,
