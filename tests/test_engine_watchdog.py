@@ -17,7 +17,8 @@ from s2s_daemon.audio.sink import DiscardSink
 from s2s_daemon.config import load_config
 from s2s_daemon.pipeline.messages import SayRequest, Status
 from s2s_daemon.tts.engine import DeviceMemory, EngineOptions, ShouldStop, SynthesisRequest
-from s2s_daemon.tts.worker import EngineTimeout, EngineWedged, EngineWorker
+from s2s_daemon.tts.watch import EngineTimeout, EngineWedged
+from s2s_daemon.tts.worker import EngineWorker
 from s2s_daemon.wiring import build_pipeline
 from tests.support.tone_engine import ToneEngine
 

@@ -11,8 +11,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from s2s_daemon.tts.bridge import STREAM_AHEAD
 from s2s_daemon.tts.engine import DeviceMemory, EngineError, ShouldStop, SynthesisRequest
-from s2s_daemon.tts.worker import STREAM_AHEAD, EngineWorker
+from s2s_daemon.tts.worker import EngineWorker
 
 pytestmark = pytest.mark.timeout(30)
 

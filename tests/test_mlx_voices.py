@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from s2s_daemon.pipeline.voices import VoiceLibrary
+from s2s_daemon.tts.bridge import EngineThread
 from s2s_daemon.tts.engine import EngineError, EngineOptions, SynthesisRequest
-from s2s_daemon.tts.worker import EngineThread
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tiny"
 BASE = FIXTURES / "base"

@@ -29,7 +29,7 @@ from s2s_daemon.intake.http import require_monitor_extra
 from s2s_daemon.pipeline.jobs import Job, Timeline
 from s2s_daemon.pipeline.messages import SayRequest, Status
 from s2s_daemon.pipeline.vocabulary import EngineInfo
-from s2s_daemon.tts.worker import EngineThread
+from s2s_daemon.tts.bridge import EngineThread
 from tests.support.broker import Mosquitto, free_port
 from tests.support.daemon import DaemonProcess, daemon_in_process, write_config
 from tests.support.mqtt import recorder

@@ -232,7 +232,7 @@ async def test_engine_time_limit_holds_in_a_batch(fp32: TorchQwen3Engine) -> Non
 async def test_a_stream_whose_consumer_lags_is_paused_while_the_others_go_on(fp32: TorchQwen3Engine) -> None:
     """Back-pressure in a batch: a stream STREAM_AHEAD chunks ahead of its consumer is left out of
     the steps (it does not hold the others back), and resumes where it was when read again."""
-    from s2s_daemon.tts.worker import STREAM_AHEAD
+    from s2s_daemon.tts.bridge import STREAM_AHEAD
 
     worker = EngineWorker(fp32, stall_timeout_s=60)
     slow_request, fast_request = _requests(fp32, chunk_frames=1)[:2]

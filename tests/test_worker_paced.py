@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from s2s_daemon.tts.engine import DeviceMemory, ShouldStop, SynthesisRequest
-from s2s_daemon.tts.worker import LEAD_S, EngineWorker
+from s2s_daemon.tts.scheduler import LEAD_S
+from s2s_daemon.tts.worker import EngineWorker
 
 pytestmark = pytest.mark.timeout(60)
 

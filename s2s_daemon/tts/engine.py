@@ -28,6 +28,7 @@ __all__ = [
     "EngineError",
     "EngineInfo",
     "EngineOptions",
+    "EngineTraits",
     "ModelUnavailableError",
     "Samples",
     "ShouldStop",
@@ -35,6 +36,7 @@ __all__ = [
     "TtsEngine",
     "UnknownVoiceError",
     "UnsupportedLanguageError",
+    "engine_traits",
 ]
 
 ShouldStop = Callable[[], bool]
@@ -62,7 +64,7 @@ class SynthesisRequest:
     paced: bool = False
     """Heard as it is made (the daemon's speaker): a batching engine's worker keeps other requests
     out of the steps while this one's audio is not far enough ahead of playing time
-    (``tts/worker.py``'s ``LEAD_S``), so that they never make it stutter."""
+    (``tts/scheduler.py``'s ``LEAD_S``), so that they never make it stutter."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +112,11 @@ class ModelUnavailableError(EngineError):
 
 @runtime_checkable
 class TtsEngine(Protocol):
-    """A streaming text-to-speech backend. Constructors do no I/O."""
+    """A streaming text-to-speech backend. Constructors do no I/O.
+
+    An engine may also declare the attributes of ``EngineTraits`` (``max_batch``,
+    ``park_thread_on_close``, ``info``); one it leaves out takes the default given there.
+    """
 
     def load_blocking(self) -> EngineInfo:
         """Load weights (downloading if allowed) and return what the model offers."""
@@ -131,6 +137,45 @@ class TtsEngine(Protocol):
     def close_blocking(self) -> None:
         """Release weights and device memory."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTraits:
+    """What the worker reads of an engine beyond ``TtsEngine``'s methods, each optional on it.
+
+    They are not members of ``TtsEngine``: a Protocol cannot give a default to an engine that
+    satisfies it structurally (PEP 544 has no optional members), so declaring them there would make
+    every engine, a test's or a plugin's (``register_engine``), define all of them. ``engine_traits``
+    reads them, in this one place, with these defaults.
+    """
+
+    max_batch: int = 1
+    """Requests the engine decodes together a frame at a time (``BatchEngine``). 1: one at a time,
+    requests taking turns a chunk each. Read after ``load_blocking``: it may depend on what loaded."""
+    park_thread_on_close: bool = False
+    """Keep the engine's idle thread until the process ends instead of ending it at close: MLX
+    aborts the process at exit when the thread that ran it has ended."""
+    sample_rate: int | None = None
+    """Hertz of its chunks from its ``info`` (an ``EngineInfo``) when the engine was loaded before
+    the worker was made around it; None otherwise (the worker learns it from ``load``)."""
+
+
+def engine_traits(engine: object) -> EngineTraits:
+    """The ``EngineTraits`` ``engine`` declares now (it may change at ``load_blocking``)."""
+    max_batch = getattr(engine, "max_batch", 1)
+    park = getattr(engine, "park_thread_on_close", False)
+    info = getattr(engine, "info", None)
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+        msg = f"{type(engine).__name__}.max_batch must be a positive int, not {max_batch!r}"
+        raise TypeError(msg)
+    if not isinstance(park, bool):
+        msg = f"{type(engine).__name__}.park_thread_on_close must be a bool, not {park!r}"
+        raise TypeError(msg)
+    return EngineTraits(
+        max_batch=max_batch,
+        park_thread_on_close=park,
+        sample_rate=info.sample_rate if isinstance(info, EngineInfo) else None,
+    )
 
 
 class BatchSynthesis(Protocol):

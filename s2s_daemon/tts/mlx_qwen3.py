@@ -1,36 +1,13 @@
 """The MLX engine: Qwen3-TTS 12 Hz on Apple Silicon (Metal), or the Linux CPU for tests.
 
-The model code is mlx-audio's (``mlx_audio.tts.models.qwen3_tts``); this module only
-chooses and loads the weights, validates requests, streams mlx-audio's chunks to
-the engine worker and keeps memory flat between utterances. It is the only module
-of the project that imports mlx, and it does so inside the methods that run on the
-engine's worker thread, so importing it costs nothing.
-
-Weights come from two kinds of source:
-
-- an ``mlx-community/Qwen3-TTS-12Hz-*-{4bit,6bit,8bit,bf16}`` repo (already converted;
-  loaded as stored), and a ``Qwen/Qwen3-TTS-12Hz-*`` id, which maps to the
-  mlx-community repo of the configured quantization, as mlx-audio users expect;
-- a folder (or hub repo) in the official HF layout, loaded by mlx-audio and then
-  quantized at load to ``tts.mlx.quantization`` (``bf16`` only casts).
-
-Streaming granularity: mlx-audio counts its chunks in seconds
-(``streaming_interval``) and turns them into ``max(1, int(interval * 12.5))`` codec
-frames; ``chunk_frames`` is mapped onto that, so a chunk is exactly ``chunk_frames``
-frames (the last one may be shorter). mlx-audio yields only between chunks, so a
-stop is noticed between chunks, never inside one.
-
-Clone prompts (Base models, ``ref_audio``): mlx-audio 0.6 runs the speaker encoder on every
-call (``extract_speaker_embedding``) and keeps the reference codec codes of ICL cloning only in
-``Model._icl_cache``, in memory, under the recording's length and sample sum. This engine keeps
-both, as ``MlxClonePromptCache``, in memory and on disk (``mlx-<key>.safetensors`` in the torch
-engine's folder: ``extra['voice_cache']``, else ``$S2S_VOICE_CACHE``, else
-``$XDG_CACHE_HOME/s2s-daemon/voices``; ``off`` for memory only) under the SHA-256 of the
-recording, the transcript's presence, the model's files, the quantization, the device and
-mlx-audio's version. During an utterance the model's ``extract_speaker_embedding`` and
-``speech_tokenizer.encode`` answer from the cached prompt; the recording itself is still handed
-to mlx-audio, so if a later mlx-audio stopped calling those two methods it would compute the
-prompt itself, correctly, and only the saving would be lost (logged ``mlx_clone_cache_bypassed``).
+The model code is mlx-audio's (``mlx_audio.tts.models.qwen3_tts``); this module chooses and
+loads the weights (an ``mlx-community`` repo as stored, a ``Qwen/`` id mapped to the one of the
+configured quantization, or an official-layout folder quantized at load), validates requests,
+streams mlx-audio's chunks (``chunk_frames`` mapped onto its ``streaming_interval``; a stop is
+noticed between chunks) and keeps memory flat between utterances. It imports mlx only inside the
+methods that run on the engine thread. Base models' clone prompts are kept in memory and on disk
+(``MlxClonePromptCache``) and answered from there when mlx-audio asks its encoders for them.
+``scripts/bench_mlx_overhead.py`` measures what this module adds to mlx-audio.
 """
 
 from __future__ import annotations
@@ -472,7 +449,7 @@ class MlxQwen3Engine:
         results.close()
         if not finished:
             # A finished stream has reset the decoder itself; a stopped one left its conv
-            # buffers and KV cache behind (a walk over all modules, ~10 ms on this CPU).
+            # buffers and KV cache behind (a walk over all modules).
             model.speech_tokenizer.decoder.reset_streaming_state()
         # mlx-audio's own ICL cache (keyed by the recording's length and sum) is superseded by the
         # clone-prompt cache (keyed by its hash): emptied, so the codes always come from ours.

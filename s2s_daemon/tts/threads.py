@@ -1,19 +1,13 @@
 """The CPU engine's threads on a shared machine: how they wait, and how many run.
 
-torch's CPU wheel carries one OpenMP runtime (GNU libgomp): torch's own operators, the oneDNN
-convolutions of the codec decoder, MKL and our native kernels (``at::parallel_for``, linked to
-the same ``libgomp.so.1``) all run on its one pool of threads. By default a thread that reaches
-the end of a parallel region spins (about 300,000 rounds, milliseconds) before it sleeps; with
-another process on the other core, the spinning thread burns the time slice its partner needs, and
-decoding, a chain of a few hundred short regions a frame, collapses. ``prepare_openmp`` asks for a
-passive wait (``OMP_WAIT_POLICY=PASSIVE``: sleep at once), which libgomp reads only when torch is
-first imported; ``scripts/bench_threads.py`` measures it against the default spin and a bounded
-one (``GOMP_SPINCOUNT``).
-
-``CpuWatch`` measures what this process may use of the machine (its CPU affinity, a cgroup CPU
-quota, the CPU time other processes and the hypervisor take); ``choose_threads`` turns that into an
-intra-op thread count, which the engine applies between frames on its own thread (where
-``torch.set_num_threads`` takes effect).
+torch's operators, oneDNN, MKL and our native kernels all run on one GNU libgomp thread pool,
+whose threads spin before they sleep at the end of a parallel region; beside another busy
+process that spinning burns the time slice its partner needs, and decoding (a few hundred short
+regions a frame) collapses. ``prepare_openmp`` asks for a passive wait before torch is first
+imported (``scripts/bench_threads.py`` measures it against spinning). ``CpuWatch`` measures what
+this process may use of the machine (affinity, cgroup quota, others' and the hypervisor's CPU
+time); ``choose_threads`` turns that into an intra-op thread count, applied between frames on
+the engine thread.
 """
 
 from __future__ import annotations

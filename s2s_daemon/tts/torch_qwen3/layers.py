@@ -25,7 +25,7 @@ def fused_linear(parts: list[nn.Linear]) -> nn.Linear:
         fused = nn.Linear(parts[0].in_features, out_features, bias=has_bias)
     if parts[0].weight.is_meta:
         # A skeleton whose weights come later (prepared.py): the meta shapes are all it needs, and
-        # torch.cat on meta tensors imports torch._dynamo for its meta kernel (2 s on the CI box).
+        # torch.cat on meta tensors imports torch._dynamo for its meta kernel (seconds of a start).
         return fused
     fused.weight = nn.Parameter(torch.cat([p.weight.detach() for p in parts], dim=0), requires_grad=False)
     if has_bias:
@@ -44,7 +44,7 @@ def no_weight_init() -> Iterator[None]:
     """Build modules without their random initialisation (their weights are loaded afterwards).
 
     ``torch.nn.init``'s functions become no-ops meanwhile. Even on the meta device they are not
-    free: the first ``normal_`` there imports ``torch._dynamo`` (3 s on the CI box), and a real
+    free: the first ``normal_`` there imports ``torch._dynamo`` (seconds of a start), and a real
     ``kaiming_uniform_`` over a fused 6144 x 1024 weight costs more than copying the weights in.
     """
     saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS}
@@ -76,8 +76,7 @@ class SmallBatchLinear(nn.Linear):
     """``nn.Linear`` that computes a few rows (2..32) as ``(W @ x^T)^T`` on the CPU.
 
     torch's CPU BLAS runs ``x @ W^T`` for a handful of rows at a fraction of the speed of the
-    same product written ``W @ x^T``: for a 512 -> 1024 float32 weight and 4 rows, 530 us
-    against 160 us here (weights streamed from memory, 2 threads); 16 rows: 480 against 285.
+    same product written ``W @ x^T`` (``scripts/bench_codec.py`` measures the decoder with it).
     Those shapes are every linear of the codec decoder's transformer and ConvNeXt blocks on a
     streamed chunk, a short prompt's prefill and the code predictor's 2-row first step. Other row
     counts, other devices and dtypes, and non-contiguous weights take ``F.linear``.
@@ -110,11 +109,11 @@ def matvec_layout(root: nn.Module) -> int:
     """Store wide CPU float32 weights column-major; returns how many linears changed.
 
     Decoding runs every linear on one row. For ``out_features > in_features`` torch's CPU BLAS
-    reads a row-major ``[out, in]`` weight at ~11 GB/s in that matrix-vector product but a
-    column-major one (``W.t().contiguous().t()``, same values and shape) at ~20-25 GB/s on the
-    2-core CI box; square and narrow weights gain nothing and stay as they are. A 40-token prefill
-    got ~7% slower, decoding ~20% faster per frame (predictor + talker steps, 2 threads). Call
-    after ``fuse_projections``; the int8 path replaces these linears and does not need it.
+    reads a column-major weight (``W.t().contiguous().t()``, same values and shape) faster than a
+    row-major ``[out, in]`` one in that matrix-vector product; square and narrow weights gain
+    nothing and stay as they are. Decoding gets faster per frame, a prefill a little slower
+    (``scripts/bench_torch.py``). Call after ``fuse_projections``; the int8 path replaces these
+    linears and does not need it.
     """
     count = 0
     for module in root.modules():

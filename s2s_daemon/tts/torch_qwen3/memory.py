@@ -2,10 +2,9 @@
 
 glibc serves an allocation from the heap when it is smaller than the mmap threshold, and raises
 that threshold (up to 32 MiB) every time a large mmapped block is freed. Loading frees hundreds
-of 1-25 MiB tensors (checkpoint copies, float32 weights replaced by packed ones), so after the
-first few the rest land in the heap, where freed memory stays resident: loading the 0.6B model
-with int8 weights peaked at 4.7-4.9 GiB and kept 4.6-4.9 GiB, against 2.6 and 2.3 GiB with a
-fixed 1 MiB threshold (measured, same process otherwise).
+of tensors of a few MiB (checkpoint copies, float32 weights replaced by packed ones), so after the
+first few the rest land in the heap, where freed memory stays resident: loading peaks and stays
+near twice what a fixed threshold keeps (``scripts/bench_memory.py`` measures it).
 
 ``loading()`` fixes the threshold at 1 MiB while the model loads, then sets it to 32 MiB (the
 dynamic maximum, so per-step temporaries of a few MiB keep coming from the heap without page

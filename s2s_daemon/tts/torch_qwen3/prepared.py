@@ -1,44 +1,14 @@
 """Prepared talker weights: converted once per checkpoint and format, memory-mapped afterwards.
 
-The native CPU path runs the talker with packed linears (float32, bfloat16, int8 or int4 in
-``linear.cpp``'s layouts), fused q/k/v and gate/up projections, and float32 norms and embeddings.
-``load_talker`` makes those from the checkpoint one linear at a time: the linear's tensors are read
-with plain file reads into a buffer of their own, fused, packed, and the buffer freed, so neither a
-float32 copy of the model nor the checkpoint's pages ever stay resident (a mapping of the checkpoint
-would keep every page it read in the process's RSS). The result is written to a cache entry; later
-starts map it (``mmap``, private, never written) and build the modules over the mapped tensors:
-nothing is read or converted, and the weights are page-cache pages, resident once touched.
-
-Tensors the engine uses exactly as the checkpoint stores them are not copied into the entry: the
-embedding tables (the 151936-row text table and the codec tables, kept in the checkpoint's dtype:
-``checkpoint.STORED_DTYPE_TABLES``) and, where the dtypes agree, norms, biases and unfused float
-weights. The entry names them and they are mapped from the checkpoint itself, where only the pages
-the engine touches (the rows looked up) become resident. Without the cache, the packed tensors
-live in memory and the same tensors are mapped.
-
-An entry ``<root>/<format>-<digest>/`` holds:
-
-- ``key.json``: what it was made from and for (``digest`` is of it): per weight file the resolved
-  path, size, mtime and the sha256 of its safetensors header; config.json's sha256; the format,
-  int4 group and runtime dtype; the kernels' layout (``native.layout_key()``: ``PACK_LAYOUT`` and
-  ``linear.cpp``'s digest); ``PREPARED_VERSION``; torch's version; the device;
-- ``tensors.bin``: the tensors, each at a 64-byte aligned offset;
-- ``index.json``: per tensor its dtype, shape, offset and size, or the checkpoint tensor it is;
-  per packed linear its format, group and widths; the size of ``tensors.bin``.
-
-Entries are written in a temporary folder (synced) and renamed into place, so a reader sees a
-whole entry or none; two processes preparing the same entry at once both finish, and one rename
-wins. An entry that fails its checks (sizes, names, shapes, dtypes, key) is removed with a warning
-and rebuilt; one that cannot be written (read-only or full disk) leaves the weights in memory, also
-with a warning: the cache never makes loading fail. Each start that maps or writes an entry removes
-the entries whose checkpoint files are gone or changed, those of the same checkpoint and format
-made for other kernels or another torch that no start used for a week (``SUPERSEDED_UNUSED_S``;
-a start marks its entry used), and temporary folders over an hour old.
-
-Where (``cache_root``): ``tts.options.prepared_cache`` (``EngineOptions.extra``), else the
-``S2S_PREPARED_CACHE`` environment variable: ``0``/``off``/``false``/``no`` turns the cache off,
-a path moves it, empty/``auto`` is the default ``$XDG_CACHE_HOME/s2s-daemon/prepared``
-(``~/.cache/s2s-daemon/prepared``, beside the hub's ``~/.cache/huggingface``).
+``load_talker`` packs the talker's linears for the native kernels one at a time (read into a
+buffer of their own, fused, packed, freed), so neither a float32 copy of the model nor the
+checkpoint's pages stay resident, and writes the result to a cache entry
+``<root>/<format>-<digest>/`` (``key.json``, ``tensors.bin``, ``index.json``). Later starts map it
+and convert nothing; tensors used as stored (embedding tables, norms) are mapped from the
+checkpoint itself. An entry is written whole or not at all (temporary folder, rename); one that
+fails its checks is rebuilt, one that cannot be written leaves the weights in memory: the cache
+never makes loading fail. ``cache_root`` says where (``tts.options.prepared_cache``, else
+``S2S_PREPARED_CACHE``); ``scripts/bench_memory.py`` measures what stays resident.
 """
 
 from __future__ import annotations

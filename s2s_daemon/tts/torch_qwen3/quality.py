@@ -1,26 +1,12 @@
 """How far a codec decoder path's audio is from the float32 decoder's: the quality guard.
 
-Two measures of audio ``x`` against the float32 reference ``ref`` (same codes, same length):
-
-- ``snr_db``: ``10 log10(sum ref^2 / sum (x - ref)^2)``, the waveform error;
-- ``log_mel_distance_db``: the mean absolute difference of their log-mel spectrograms (80 bands,
-  1024-point frames every 256 samples at 24 kHz, dB, each floored 80 dB below the reference's
-  loudest band), what a listener's ear weighs: errors that SNR counts in silent stretches or at
-  inaudible phases weigh little here.
-
-A path passes when ``snr_db >= MIN_SNR_DB`` and ``log_mel_distance_db <= MAX_LOG_MEL_DB`` on every
-guarded input: random 0.6B-shaped decoders and the tiny golden fixture (``tests/test_codec_precision.py``),
-and a real checkpoint through ``scripts/bench_codec.py``'s quality column.
-
-Why these thresholds. bfloat16 keeps 8 significant bits, about 48 dB for one rounding; a decoder
-rounds at each of its few dozen products, and others run a bfloat16 or float16 decoder with real
-weights at about 37 dB SNR against float32 and call it transparent. ``MIN_SNR_DB`` is 5 dB (a
-factor 3 in error power) below that: it takes a path that rounds weights and products but keeps
-the residual sums, norms and SnakeBeta in float32, and rejects the decoder run in bfloat16
-throughout (the test shows both on the same weights). The SNR is the fine measure; the log-mel
-distance is the coarse one, for what SNR misreads: a path that gives silence, noise or a damaged
-band (a float16 ``exp`` overflow in SnakeBeta silences a decoder) is off by tens of dB, while a
-rounding path stays far below 1 dB, itself about the just-noticeable difference in level.
+Two measures of audio against the float32 reference (same codes, same length): ``snr_db``, the
+waveform error, the fine one; ``log_mel_distance_db``, the mean absolute difference of their
+log-mel spectrograms (80 bands, floored 80 dB below the reference's loudest), the coarse one,
+weighed as a listener's ear weighs errors. A path passes when ``snr_db >= MIN_SNR_DB`` and
+``log_mel_distance_db <= MAX_LOG_MEL_DB`` on every guarded input: random 0.6B-shaped decoders and
+the tiny golden fixture (``tests/test_codec_precision.py``), and a real checkpoint through
+``scripts/bench_codec.py``'s quality column.
 """
 
 from __future__ import annotations
@@ -32,9 +18,17 @@ from functools import lru_cache
 import torch
 
 MIN_SNR_DB = 32.0
-"""Least signal-to-noise ratio of a path's audio against float32's (see the module docstring)."""
+"""Least signal-to-noise ratio of a path's audio against float32's, dB. bfloat16 keeps 8
+significant bits, about 48 dB for one rounding; a decoder rounds at each of its few dozen
+products, and others run a bfloat16 or float16 decoder at about 37 dB against float32 and call it
+transparent. 5 dB (a factor 3 in error power) below that, it takes a path that rounds weights and
+products but keeps the residual sums, norms and SnakeBeta in float32, and rejects the decoder run
+in bfloat16 throughout (the test shows both on the same weights)."""
 MAX_LOG_MEL_DB = 1.0
-"""Largest mean absolute log-mel difference from float32's, dB (see the module docstring)."""
+"""Largest mean absolute log-mel difference from float32's, dB: about the just-noticeable
+difference in level. A rounding path stays far below it; one that gives silence, noise or a
+damaged band (a float16 ``exp`` overflow in SnakeBeta silences a decoder), which SNR can misread,
+is off by tens of dB."""
 SAMPLE_RATE = 24000
 N_FFT = 1024
 HOP = 256

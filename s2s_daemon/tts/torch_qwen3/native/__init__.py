@@ -2,19 +2,13 @@
 
 Decoding is a chain of one-row products over every weight of the talker and code predictor, so
 its speed is the speed at which weights stream from memory. ``linear.cpp`` reads float32,
-bfloat16, int8 (per output channel) or 4-bit (affine, per group of ``group`` inputs) weights once
-per call and accumulates in float32 with AVX2/FMA, on torch's own thread pool.
-
-The extension is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and ninja) the first
-time it is needed (64-80 s on 2 cores; logged before and after, a progress bar on a terminal and a
-``step_progress`` line every few seconds otherwise) and loaded from there afterwards.
-Its folder under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/s2s-daemon/torch_extensions`` is keyed by
-everything that goes into the build command (``build_key``): the source and its path, torch's
-version and installation, the Python, the compiler and the flags. torch's ninja file names the
-torch and Python include folders, so two environments sharing one folder would rebuild over each
-other; with one folder each, a second process, environment or checkout never rebuilds. On a CPU
-without AVX2/FMA, without a compiler, or if the build fails, ``load()`` returns ``None`` with the
-reason in ``unavailable_reason()`` and the engine keeps torch's own kernels.
+bfloat16, int8 (per output channel) or 4-bit (affine, per group) weights once per call and
+accumulates in float32 with AVX2/FMA, on torch's own thread pool. It is compiled with
+``torch.utils.cpp_extension`` the first time it is needed (with progress lines) into a folder
+keyed by everything in the build command (``build_key``), so environments never rebuild over each
+other. Without AVX2/FMA or a compiler, or if the build fails, ``load()`` returns ``None`` with the
+reason (``unavailable_reason()``) and the engine keeps torch's own kernels.
+``scripts/bench_wide.py`` and ``scripts/bench_torch.py`` measure them.
 """
 
 from __future__ import annotations
@@ -55,7 +49,7 @@ EXTENSION_NAME = "s2s_qwen3_linear"
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 BUILD_EXPECTED_S = 70
-"""Seconds a first build takes on the 2-core CI box (64-80 s measured)."""
+"""Seconds a first build is expected to take on a small machine (for the progress line only)."""
 
 _SOURCE = Path(__file__).with_name("linear.cpp")
 _lock = threading.Lock()
@@ -212,7 +206,7 @@ def _import_built() -> Any:
     not import (``load`` then takes torch's route, which rebuilds it where needed).
 
     What ``cpp_extension.load`` does for an up-to-date build, without importing cpp_extension
-    (and setuptools) and running ninja to check it: 0.2-0.3 s of every start on the CI box. The
+    (and setuptools) and running ninja to check it, which would cost every start. The
     folder is keyed by the source, flags and toolchain (``build_key``), so a build in it is current.
     """
     import importlib.util
@@ -250,8 +244,8 @@ def _pack(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """A float ``[out, in]`` weight in ``fmt``: (data, scales, mins) as ``linear.cpp`` reads them.
 
-    The integer formats are packed by the extension in one pass (``_pack_reference`` took 5-7 of
-    the ~13 s an int8 0.6B model needed to load on the CI box, in six passes of torch ops).
+    The integer formats are packed by the extension in one pass (``_pack_reference``, six passes
+    of torch ops, was most of an int8 model's load time).
     """
     w = weight.detach().to(torch.float32).contiguous()
     if fmt == "float32":
@@ -417,11 +411,9 @@ def fuse_stacks(root: nn.Module, ext: Any) -> int:
         else:
             first: Any = module.layers[0]
             # Integer weights: a prompt in blocks of NATIVE_STACK_ROWS through the Stack (its
-            # activations quantized per block of 32, as in decoding) was 1.3-1.5x faster than the
-            # float path (DecoderStack.run timed both ways on a 34-row prompt, 0.6B, 2 threads, the
-            # 2-core Intel Xeon, 2 December 2026: int8 373-391 against 570-582 ms, int4 466-501
-            # against 621-697; last logits 1.4 % RMS apart, correlation 0.9999); float weights
-            # read 4 rows at a time were slower (fp32 1.34-1.45 s against 0.58-0.84).
+            # activations quantized per block of 32, as in decoding) is faster than the float path
+            # at logits within the quality guard; float weights read 4 rows at a time are slower
+            # (``scripts/bench_torch.py``'s prefill figures measure both).
             module.native_prompt = formats <= {"int8", "int4"}
             module.native = ext.Stack(
                 layers,

@@ -2,8 +2,8 @@
 //
 // Decoding a codec frame is ~400 matrix-vector products over ~1.6 billion weights: the time is
 // the time it takes to stream the weights from memory. torch's CPU BLAS streams float32 weights
-// at 10-15 GB/s on one row here (the machine reads at ~22 GB/s) and has no 4-bit kernel that is
-// not compute bound on AVX2. Weight formats:
+// for one row well below the memory's bandwidth and has no 4-bit kernel that is not compute bound
+// on AVX2 (scripts/bench_wide.py, scripts/bench_torch.py). Weight formats:
 //
 //   f32   float32 [N, K]
 //   bf16  bfloat16 [N, K]                      (bits << 16 is the float32)
@@ -49,8 +49,8 @@ constexpr int kI8 = 2;
 constexpr int kI4 = 3;
 constexpr int64_t kMaxRows = 4;
 // Software prefetch distance of the integer kernels, ahead in the pair's stream. Their unpacking
-// keeps too few loads in flight for the hardware prefetcher alone (no prefetch: 6 GB/s on one core;
-// 2 KiB ahead: 13-15); 1-4 KiB measured alike within the noise; the float kernels got slower with it.
+// keeps too few loads in flight for the hardware prefetcher alone, so they read ahead; 1-4 KiB do
+// alike, and the float kernels do without (they got slower with it). scripts/bench_wide.py.
 constexpr int64_t kPrefetchBytes = 2048;
 
 inline float hsum(__m256 v) {
@@ -180,9 +180,8 @@ inline void i8q_group(const int8_t* p, const float* scale, const int8_t* xq, con
 // chosen at run time, `g_wide`): block b of both rows is one 64-byte load, and vpdpbusd makes the
 // 8 sums of 4 products per row that vpmaddubsw + vpmaddwd make, in one instruction for both rows.
 // With the accumulation chains, their order and the final sums as i8q_group<M, 2>'s, the result is
-// bit for bit the same. Several input rows are where it tells: 4 rows of a 6144x1024 int8 weight
-// were compute bound at ~90 GOP/s on AVX2 (ext.linear timed alone, 2 threads, the 2-core Intel Xeon,
-// 2 December 2026); scripts/bench_wide.py measures the two forms side by side on a model.
+// bit for bit the same. Several input rows are where it tells: there the AVX2 form is compute
+// bound; scripts/bench_wide.py measures the two forms side by side on a model.
 #define S2S_WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")))
 
 template <int M>
