@@ -38,7 +38,7 @@ from s2s_daemon.mqtt.link import MqttLink
 from s2s_daemon.mqtt.packets import OutMessage, Publisher
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher, JobEvents
+from s2s_daemon.pipeline.jobs import JobEvents, Ledger
 from s2s_daemon.pipeline.journal import RequestJournal
 from s2s_daemon.pipeline.messages import Utterance
 from s2s_daemon.pipeline.outbox import DurableRequests, Outbox
@@ -153,7 +153,7 @@ UTTERANCES_AHEAD = 1
 @dataclass(frozen=True, slots=True)
 class Pipeline:
     requests: RequestQueue
-    ledger: Dispatcher
+    ledger: Ledger
     rules: IntakeRules
     tts: TtsStage
     playback: PlaybackStage
@@ -232,7 +232,7 @@ def build_pipeline(
     """The pipeline for ``config``; ``default_voice`` overrides ``tts.voice`` (``say --voice``);
     ``rules`` when they were built before (the daemon's events name their voices)."""
     requests = RequestQueue(config.queue.max_pending if max_pending is None else max_pending)
-    ledger = Dispatcher(requests, events, config.queue.dedup_window)
+    ledger = Ledger(requests, events, config.queue.dedup_window)
     if rules is None:
         rules = build_rules(config, info, default_voice=default_voice, template=template)
     library = rules.library
@@ -373,7 +373,7 @@ def require_wyoming() -> None:
         raise UnavailableError(msg) from exc
 
 
-async def open_wyoming(config: DaemonConfig, ledger: Dispatcher, rules: IntakeRules, info: EngineInfo) -> Any:
+async def open_wyoming(config: DaemonConfig, ledger: Ledger, rules: IntakeRules, info: EngineInfo) -> Any:
     """The Wyoming TTS server, listening (a taken port is exit 69); None when it is off."""
     if not config.wyoming.enabled:
         return None
@@ -385,7 +385,7 @@ async def open_wyoming(config: DaemonConfig, ledger: Dispatcher, rules: IntakeRu
     return server
 
 
-async def open_vad(config: DaemonConfig, ledger: Dispatcher, events: MqttEvents, gate: VadGate) -> Any:
+async def open_vad(config: DaemonConfig, ledger: Ledger, events: MqttEvents, gate: VadGate) -> Any:
     """The microphone's voice activity stage, open (its events and the barge-in); None when it is off."""
     if not config.vad.enabled:
         return None

@@ -11,7 +11,7 @@ import pytest
 
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, SayRequest, Status, Utterance
 from s2s_daemon.pipeline.output import CallerStream, pcm16
 from s2s_daemon.pipeline.queue import RequestQueue
@@ -65,28 +65,28 @@ def request(request_id: str, text: str, output: CallerStream | None = None) -> S
 
 async def pipeline(
     ms_per_char: str = "40",
-) -> tuple[Dispatcher, Events, RequestQueue, list[asyncio.Task[None]], EngineWorker]:
+) -> tuple[Ledger, Events, RequestQueue, list[asyncio.Task[None]], EngineWorker]:
     engine = create_engine("tone", EngineOptions(model="tone", extra={"speed": "0", "ms_per_char": ms_per_char}))
     worker = EngineWorker(engine)
     info = await worker.load()
     events = Events()
     requests = RequestQueue(8)
-    dispatcher = Dispatcher(requests, events, 64)
+    ledger = Ledger(requests, events, 64)
     utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
-    tts = TtsStage(worker, info, requests, utterances, dispatcher, chunk_frames=2)
-    playback = PlaybackStage(RealTimeSpeaker(), utterances, dispatcher)
+    tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=2)
+    playback = PlaybackStage(RealTimeSpeaker(), utterances, ledger)
     tasks = [asyncio.create_task(tts.run()), asyncio.create_task(playback.run())]
-    return dispatcher, events, requests, tasks, worker
+    return ledger, events, requests, tasks, worker
 
 
 async def test_caller_audio_arrives_while_the_speaker_still_plays() -> None:
-    dispatcher, events, requests, tasks, worker = await pipeline()
+    ledger, events, requests, tasks, worker = await pipeline()
     try:
-        room = dispatcher.submit(request("room", "x" * 100))  # four seconds on the speaker
+        room = ledger.submit(request("room", "x" * 100))  # four seconds on the speaker
         while room.timeline.first_sample_out is None:  # noqa: ASYNC110 -- until it plays in the room
             await asyncio.sleep(0.01)
         stream = CallerStream()
-        job = dispatcher.submit(request("caller", "y" * 25, stream))  # one second of audio
+        job = ledger.submit(request("caller", "y" * 25, stream))  # one second of audio
         began = time.monotonic()
         pieces = [chunk async for chunk in stream.chunks(job.done)]
         took = time.monotonic() - began
@@ -99,7 +99,7 @@ async def test_caller_audio_arrives_while_the_speaker_still_plays() -> None:
         assert "room" not in events.done  # still playing in the room
         assert len(pcm16(np.concatenate(pieces))) == 2 * sum(len(p) for p in pieces)
     finally:
-        dispatcher.stop_all()
+        ledger.stop_all()
         requests.close()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         await worker.close()
@@ -107,19 +107,19 @@ async def test_caller_audio_arrives_while_the_speaker_still_plays() -> None:
 
 
 async def test_a_caller_that_goes_away_frees_the_engine() -> None:
-    dispatcher, events, requests, tasks, worker = await pipeline(ms_per_char="400")  # a long utterance
+    ledger, events, requests, tasks, worker = await pipeline(ms_per_char="400")  # a long utterance
     try:
         stream = CallerStream(buffer_chunks=2)
-        job = dispatcher.submit(request("gone", "z" * 100, stream))
+        job = ledger.submit(request("gone", "z" * 100, stream))
         async for _ in stream.chunks(job.done):
             break  # the caller reads one chunk and disconnects
         stream.abandon()
-        dispatcher.cancel(job, Status.INTERRUPTED)
+        ledger.cancel(job, Status.INTERRUPTED)
         await asyncio.wait_for(job.done.wait(), 5)
         assert events.done["gone"][0] == "interrupted"
         # the engine serves the next request at once
         nxt = CallerStream()
-        after = dispatcher.submit(request("next", "ok", nxt))
+        after = ledger.submit(request("next", "ok", nxt))
         assert [c async for c in nxt.chunks(after.done)]
         await asyncio.wait_for(after.done.wait(), 5)
         assert events.done["next"][0] == "completed"
@@ -130,11 +130,11 @@ async def test_a_caller_that_goes_away_frees_the_engine() -> None:
 
 
 async def test_a_rejected_caller_request_ends_its_stream() -> None:
-    dispatcher, _events, requests, tasks, worker = await pipeline()
+    ledger, _events, requests, tasks, worker = await pipeline()
     try:
-        dispatcher.submit(request("dup", "a"))
+        ledger.submit(request("dup", "a"))
         stream = CallerStream()
-        job = dispatcher.submit(request("dup", "b", stream))  # same id: rejected, never played
+        job = ledger.submit(request("dup", "b", stream))  # same id: rejected, never played
         assert [c async for c in stream.chunks(job.done)] == []
         assert job.status is Status.REJECTED
     finally:
@@ -146,7 +146,7 @@ async def test_a_rejected_caller_request_ends_its_stream() -> None:
 async def test_the_speakers_requests_are_paced_and_a_callers_are_not() -> None:
     # What the engine worker is told: the speaker's audio is heard as it is made (a batching
     # engine keeps others out of its steps while it is not far enough ahead), a caller's is not.
-    dispatcher, _events, requests, tasks, worker = await pipeline()
+    ledger, _events, requests, tasks, worker = await pipeline()
     seen: dict[str, bool] = {}
     plain = worker.stream
 
@@ -156,9 +156,9 @@ async def test_the_speakers_requests_are_paced_and_a_callers_are_not() -> None:
 
     worker.stream = stream  # type: ignore[method-assign]
     try:
-        room = dispatcher.submit(request("room", "room words"))
+        room = ledger.submit(request("room", "room words"))
         caller = CallerStream()
-        job = dispatcher.submit(request("caller", "caller words", caller))
+        job = ledger.submit(request("caller", "caller words", caller))
         assert [c async for c in caller.chunks(job.done)]
         await asyncio.wait_for(asyncio.gather(room.done.wait(), job.done.wait()), 10)
     finally:

@@ -14,7 +14,7 @@ from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.speaker import SpeakerSink
 from s2s_daemon.config import AudioConfig
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher
+from s2s_daemon.pipeline.jobs import Ledger
 from s2s_daemon.pipeline.messages import SayRequest, Status, Utterance
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
@@ -66,7 +66,7 @@ async def test_sentences_play_gaplessly_with_their_pause_on_the_null_sink(
     await sink.open()
     events = Events()
     requests = RequestQueue(4)
-    ledger = Dispatcher(requests, events, 16)
+    ledger = Ledger(requests, events, 16)
     utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
     pacer = Pacer()
     tasks = [

@@ -17,7 +17,7 @@ from s2s_daemon.errors import EXIT_UNAVAILABLE, UnavailableError
 from s2s_daemon.intake.mqtt import MQTT_ORIGINS
 from s2s_daemon.mqtt.link import _Publishes
 from s2s_daemon.mqtt.packets import OutMessage
-from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.journal import RequestJournal, default_journal_path
 from s2s_daemon.pipeline.messages import ReplyTo, SayRequest, Status
 from s2s_daemon.pipeline.outbox import DurableRequests, Outbox
@@ -191,12 +191,12 @@ class RecordingEvents:
         pass
 
 
-def durable_setup(tmp_path: Path) -> tuple[RequestJournal, Manual, Dispatcher, DurableRequests, list[OutMessage]]:
+def durable_setup(tmp_path: Path) -> tuple[RequestJournal, Manual, Ledger, DurableRequests, list[OutMessage]]:
     journal, manual = journal_at(tmp_path / "j.sqlite3")
     journal.open()
     sent: list[OutMessage] = []
     outbox = Outbox(journal, sent.append, OutMessage.restore, MQTT_ORIGINS)
-    ledger = Dispatcher(RequestQueue(100), RecordingEvents(outbox), 64)
+    ledger = Ledger(RequestQueue(100), RecordingEvents(outbox), 64)
     durable = DurableRequests(outbox, ledger)
     return journal, manual, ledger, durable, sent
 

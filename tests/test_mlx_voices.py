@@ -247,7 +247,7 @@ def test_a_designed_voice_speaks_its_instruction_on_mlx(tmp_path: Path) -> None:
 
 def _designed_voice(tmp_path: Path) -> None:
     from s2s_daemon.pipeline.channel import Channel, Overflow
-    from s2s_daemon.pipeline.jobs import Dispatcher
+    from s2s_daemon.pipeline.jobs import Ledger
     from s2s_daemon.pipeline.queue import RequestQueue
     from s2s_daemon.say import LogEvents
     from s2s_daemon.tts.stage import TtsStage
@@ -263,7 +263,7 @@ def _designed_voice(tmp_path: Path) -> None:
         info,
         requests,
         Channel(1, Overflow.BLOCK, "u"),
-        Dispatcher(requests, LogEvents(), 16),
+        Ledger(requests, LogEvents(), 16),
         4,
         library=library,
     )

@@ -22,7 +22,7 @@ from s2s_daemon.intake.pool import PoolHandBack, hand_back_message, hand_back_pa
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
 from s2s_daemon.mqtt.packets import InMessage, OutMessage
 from s2s_daemon.mqtt.topics import Topics
-from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.journal import RequestJournal
 from s2s_daemon.pipeline.messages import ReplyTo, SayRequest
 from s2s_daemon.pipeline.outbox import DurableRequests, Outbox
@@ -154,7 +154,7 @@ def test_hand_back_payload_of_a_plain_request() -> None:
 
 def test_the_ledger_hands_back_queued_pool_requests_without_a_terminal_event() -> None:
     events = Events()
-    ledger = Dispatcher(RequestQueue(16), events, 64)
+    ledger = Ledger(RequestQueue(16), events, 64)
     now = time.monotonic()
     ledger.submit(pool_request("p-low"))
     ledger.submit(pool_request("site", origin="mqtt"))
@@ -174,7 +174,7 @@ def test_the_journal_entry_is_finished_only_once_the_broker_acknowledged_the_han
     journal = RequestJournal(tmp_path / "j.sqlite3", 64, "full", schedule=manual)
     journal.open()
     events = Events()
-    ledger = Dispatcher(RequestQueue(16), events, 64)
+    ledger = Ledger(RequestQueue(16), events, 64)
     published: list[OutMessage] = []
     durable = DurableRequests(Outbox(journal, published.append, OutMessage.restore, MQTT_ORIGINS), ledger)
     pool = PoolHandBack(ledger, RULES, TOPICS, published.append, durable)

@@ -16,7 +16,7 @@ from s2s_daemon.errors import ConfigError
 from s2s_daemon.intake.mqtt import MqttIntake
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
 from s2s_daemon.mqtt.topics import Topics
-from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.messages import ErrorCode
 from s2s_daemon.pipeline.queue import RequestQueue
 
@@ -85,7 +85,7 @@ class _Quiet:
 @PROPERTY
 @given(st.binary(max_size=200) | say_objects.map(lambda d: json.dumps(d).encode()))
 def test_any_stop_payload_is_handled_or_logged(payload: bytes) -> None:
-    intake = MqttIntake(Dispatcher(RequestQueue(4), _Quiet(), 16), RULES, Topics("s2s", "kitchen", None), False)
+    intake = MqttIntake(Ledger(RequestQueue(4), _Quiet(), 16), RULES, Topics("s2s", "kitchen", None), False)
     intake.stop(payload)  # never raises; a bad one is logged and ignored
 
 

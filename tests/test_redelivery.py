@@ -9,7 +9,7 @@ from s2s_daemon.intake.mqtt import MqttIntake
 from s2s_daemon.intake.schemas import IntakeRules
 from s2s_daemon.mqtt.packets import InMessage
 from s2s_daemon.mqtt.topics import Topics
-from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.queue import RequestQueue
 
 TOPICS = Topics("s2s", "kitchen")
@@ -38,7 +38,7 @@ def message(rid: str, redelivered: bool) -> InMessage:
 def test_a_redelivery_is_not_answered_twice_but_a_repeat_is() -> None:
     events = Events()
     queue = RequestQueue(8)
-    ledger = Dispatcher(queue, events, 64)
+    ledger = Ledger(queue, events, 64)
     intake = MqttIntake(ledger, RULES, TOPICS, hermes=False)
     intake.handle(message("r1", redelivered=False))
     assert len(queue) == 1

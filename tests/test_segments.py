@@ -9,7 +9,7 @@ import numpy as np
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import DiscardSink
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.messages import SayRequest, Status, Utterance
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
@@ -33,7 +33,7 @@ async def speak(text: str) -> tuple[list[str], Job]:
     info = await worker.load()
     events = Events()
     requests = RequestQueue(4)
-    ledger = Dispatcher(requests, events, 16)
+    ledger = Ledger(requests, events, 16)
     utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
     tasks = [
         asyncio.create_task(TtsStage(worker, info, requests, utterances, ledger, chunk_frames=4).run()),

@@ -16,9 +16,9 @@ from s2s_daemon.events.publisher import finished_payload
 from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import (
     ChunkMade,
-    Dispatcher,
     FirstSample,
     Job,
+    Ledger,
     OnSpeaker,
     PlaybackEnded,
 )
@@ -73,7 +73,7 @@ def assert_silent_cancel(seen: Seen, rid: str) -> None:
 
 async def test_a_first_sample_after_the_stop_is_not_heard() -> None:
     seen = Seen()
-    d = Dispatcher(RequestQueue(4), seen, 16)
+    d = Ledger(RequestQueue(4), seen, 16)
     d.submit(req("late"))
     job = d.take(await d.queue.get())
     assert job is not None
@@ -88,7 +88,7 @@ async def test_a_first_sample_after_the_stop_is_not_heard() -> None:
 
 async def test_a_first_sample_before_the_stop_reported_late_is_interrupted() -> None:
     seen = Seen()
-    d = Dispatcher(RequestQueue(4), seen, 16)
+    d = Ledger(RequestQueue(4), seen, 16)
     d.submit(req("heard"))
     job = d.take(await d.queue.get())
     assert job is not None
@@ -106,7 +106,7 @@ async def test_a_first_sample_before_the_stop_reported_late_is_interrupted() -> 
 
 async def test_a_report_of_a_sample_played_after_the_stop_is_not_heard() -> None:
     seen = Seen()
-    d = Dispatcher(RequestQueue(4), seen, 16)
+    d = Ledger(RequestQueue(4), seen, 16)
     d.submit(req("report"))
     job = d.take(await d.queue.get())
     assert job is not None
@@ -124,7 +124,7 @@ async def test_a_stop_while_the_speaker_prebuffers_is_cancelled_without_a_start(
     info = await worker.load()
     seen = Seen()
     requests = RequestQueue(8)
-    ledger = Dispatcher(requests, seen, 64)
+    ledger = Ledger(requests, seen, 64)
     utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
     pacer = Pacer(rate=0.5, max_wait_s=30)  # learned: this engine is slower than real time
     tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=1, pacer=pacer)

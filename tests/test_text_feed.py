@@ -12,7 +12,7 @@ import pytest
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import DiscardSink
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.messages import ErrorCode, SayRequest, Status, Utterance
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.segment import split_sentences
@@ -124,7 +124,7 @@ class Rig:
         self.worker = EngineWorker(engine)
         info = await self.worker.load()
         self.requests = RequestQueue(4)
-        self.ledger = Dispatcher(self.requests, self.events, 16)
+        self.ledger = Ledger(self.requests, self.events, 16)
         utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
         self.tasks = [
             asyncio.create_task(TtsStage(self.worker, info, self.requests, utterances, self.ledger, 4).run()),

@@ -1,4 +1,4 @@
-"""Unit tests of single pieces: channel, queue, dispatcher, payload parsing, config, topics."""
+"""Unit tests of single pieces: channel, queue, ledger, payload parsing, config, topics."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, ChannelFull, Overflow
 from s2s_daemon.pipeline.jobs import (
     ChunkMade,
-    Dispatcher,
     FirstSample,
     Job,
+    Ledger,
     OnSpeaker,
     Phase,
     PlaybackEnded,
@@ -80,7 +80,7 @@ async def test_queue_priority_front_remove_drain() -> None:
         await q.get()
 
 
-# -- dispatcher --------------------------------------------------------------------------
+# -- ledger --------------------------------------------------------------------------
 
 
 class Events:
@@ -97,9 +97,9 @@ class Events:
         return None
 
 
-async def test_dispatcher_exactly_one_finished() -> None:
+async def test_ledger_exactly_one_finished() -> None:
     events = Events()
-    d = Dispatcher(RequestQueue(2), events, 16)
+    d = Ledger(RequestQueue(2), events, 16)
     d.submit(req("a"))
     d.submit(req("a"))  # duplicate
     d.submit(req("b"))
@@ -120,7 +120,7 @@ async def test_dispatcher_exactly_one_finished() -> None:
 
 async def test_interrupted_only_once_a_sample_was_heard() -> None:
     events = Events()
-    d = Dispatcher(RequestQueue(4), events, 16)
+    d = Ledger(RequestQueue(4), events, 16)
     d.submit(req("heard"))
     d.submit(req("silent"))
     heard = d.take(await d.queue.get())
@@ -140,7 +140,7 @@ async def test_interrupted_only_once_a_sample_was_heard() -> None:
 
 async def test_expired_on_take() -> None:
     events = Events()
-    d = Dispatcher(RequestQueue(2), events, 16)
+    d = Ledger(RequestQueue(2), events, 16)
     d.submit(req("old", ttl_ms=0, received_at=0.0))
     assert d.take(await d.queue.get()) is None
     assert events.done == [("old", "expired", None)]
@@ -241,7 +241,7 @@ async def test_a_stop_of_the_speaker_leaves_a_callers_request_alone() -> None:
     from s2s_daemon.pipeline.output import CallerStream
 
     events = Events()
-    d = Dispatcher(RequestQueue(4), events, 16)
+    d = Ledger(RequestQueue(4), events, 16)
     d.submit(dataclasses.replace(req("caller"), output=CallerStream()))
     caller = d.take(await d.queue.get())
     assert caller is not None and caller.phase is Phase.SYNTHESIZING

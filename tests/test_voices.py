@@ -268,7 +268,7 @@ def test_clone_prompt_is_cached_in_memory_and_on_disk(
 @pytest.mark.timeout(300)
 def test_a_designed_voice_speaks_its_instruction(tmp_path: Path, one_thread: None) -> None:
     from s2s_daemon.pipeline.channel import Channel, Overflow
-    from s2s_daemon.pipeline.jobs import Dispatcher
+    from s2s_daemon.pipeline.jobs import Ledger
     from s2s_daemon.pipeline.queue import RequestQueue
     from s2s_daemon.say import LogEvents
     from s2s_daemon.tts.engine import SynthesisRequest
@@ -285,7 +285,7 @@ def test_a_designed_voice_speaks_its_instruction(tmp_path: Path, one_thread: Non
         info,
         requests,
         Channel(1, Overflow.BLOCK, "u"),
-        Dispatcher(requests, LogEvents(), 16),
+        Ledger(requests, LogEvents(), 16),
         4,
         library=VoiceLibrary(tmp_path, info.mode),
     )
@@ -398,7 +398,7 @@ async def test_a_voice_renamed_while_it_speaks_finishes_its_later_sentences(tmp_
     from s2s_daemon.audio.playback import PlaybackStage
     from s2s_daemon.audio.sink import DiscardSink
     from s2s_daemon.pipeline.channel import Channel, Overflow
-    from s2s_daemon.pipeline.jobs import Dispatcher
+    from s2s_daemon.pipeline.jobs import Ledger
     from s2s_daemon.pipeline.messages import SayRequest, Status, Utterance
     from s2s_daemon.pipeline.queue import RequestQueue
     from s2s_daemon.pipeline.vocabulary import EngineInfo
@@ -435,7 +435,7 @@ async def test_a_voice_renamed_while_it_speaks_finishes_its_later_sentences(tmp_
         def state_changed(self) -> None: ...
 
     requests = RequestQueue(4)
-    ledger = Dispatcher(requests, Seen(), 16)
+    ledger = Ledger(requests, Seen(), 16)
     utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
     library = VoiceLibrary(root, info.mode)
     tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=2, library=library)

@@ -400,7 +400,7 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
     from s2s_daemon.intake.schemas import IntakeRules
     from s2s_daemon.mqtt.packets import OutMessage
     from s2s_daemon.mqtt.topics import Topics
-    from s2s_daemon.pipeline.jobs import Dispatcher, Job
+    from s2s_daemon.pipeline.jobs import Job, Ledger
     from s2s_daemon.pipeline.queue import RequestQueue
     from s2s_daemon.pipeline.vocabulary import EngineInfo
     from s2s_daemon.pipeline.voices import VoiceLibrary
@@ -432,7 +432,7 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
     info = EngineInfo("tone", "m", "cpu", 24000, voices=("Ryan",))
     rules = IntakeRules("kitchen", 100, info.voices, info.languages, None, "auto", VoiceLibrary(tmp_path, info.mode))
     server = HttpSpeechServer(HttpConfig(), MonitorRoutes(Readiness(), DaemonMetrics()))
-    server.attach(Dispatcher(RequestQueue(4), NoEvents(), 16), rules, info, feed)
+    server.attach(Ledger(RequestQueue(4), NoEvents(), 16), rules, info, feed)
     async with TestClient(TestServer(server.app())) as client:
         response = await client.get("/api/events")
         reader = aiter(events(response))

@@ -12,10 +12,10 @@ import structlog
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import (
-    Dispatcher,
     Failed,
     FirstSample,
     Job,
+    Ledger,
     OnSpeaker,
     PlaybackEnded,
     Prebuffered,
@@ -35,12 +35,12 @@ class PlaybackStage:
         self,
         sink: AudioSink,
         utterances: Channel[Utterance],
-        dispatcher: Dispatcher,
+        ledger: Ledger,
         pacer: Pacer | None = None,
     ) -> None:
         self.sink = sink
         self.utterances = utterances
-        self.dispatcher = dispatcher
+        self.ledger = ledger
         self.pacer = pacer or Pacer()
         """What the speaker learns of the engine's speed (gapless playback on slow hardware); the
         TTS stage reads it to hold back each later sentence of an utterance."""
@@ -64,7 +64,7 @@ class PlaybackStage:
                 await self._play(utterance)
 
     async def _play(self, utterance: Utterance) -> None:
-        ledger = self.dispatcher
+        ledger = self.ledger
         job = ledger.jobs.get(utterance.request.id)
         if job is None or job.should_stop():
             utterance.chunks.clear()

@@ -18,7 +18,7 @@ from s2s_daemon.intake.schemas import IntakeRules, StopPayload, decode_json_obje
 from s2s_daemon.intake.streams import StreamIntake
 from s2s_daemon.mqtt.packets import InMessage
 from s2s_daemon.mqtt.topics import HERMES_SAY, Topics
-from s2s_daemon.pipeline.jobs import Dispatcher, Job, Phase
+from s2s_daemon.pipeline.jobs import Job, Ledger, Phase
 from s2s_daemon.pipeline.messages import SayRequest
 from s2s_daemon.pipeline.outbox import DurableRequests
 
@@ -30,7 +30,7 @@ HERMES_DEFAULT_SITE = "default"
 class MqttIntake:
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        ledger: Ledger,
         rules: IntakeRules,
         topics: Topics,
         hermes: bool,
@@ -38,7 +38,7 @@ class MqttIntake:
         durable: DurableRequests | None = None,
         pool: PoolHandBack | None = None,
     ) -> None:
-        self.dispatcher = dispatcher
+        self.ledger = ledger
         self.durable = durable
         """The journal's side of admission; None: nothing is journaled (the link acknowledges)."""
         self.rules = rules
@@ -49,7 +49,7 @@ class MqttIntake:
         self.pool = pool
         """A pool daemon's hand-back (``mqtt.shared_group``): while it is active, pool requests go
         back to the pool instead of being served (the drain)."""
-        self.streams = StreamIntake(dispatcher, rules, self._journal_stream)
+        self.streams = StreamIntake(ledger, rules, self._journal_stream)
         """Streamed says (``tts/stream``)."""
 
     def handle(self, message: InMessage) -> None:
@@ -90,13 +90,13 @@ class MqttIntake:
                 code=str(parsed.error.code),
                 reason=parsed.error.message,
             )
-            self.dispatcher.reject(parsed.request, parsed.error.code, parsed.error.message)
-        elif message.redelivered and self.dispatcher.seen(parsed.request.id):
+            self.ledger.reject(parsed.request, parsed.error.code, parsed.error.message)
+        elif message.redelivered and self.ledger.seen(parsed.request.id):
             # The broker sent it again (its acknowledgement was lost with a connection): the
             # first copy is, or was, answered; a second answer would break "exactly one".
             log.info("redelivery_ignored", request_id=parsed.request.id)
         else:
-            job = self.dispatcher.submit(parsed.request)
+            job = self.ledger.submit(parsed.request)
             if self.durable is not None and job.phase is not Phase.DONE:
                 wall = time.time() - (time.monotonic() - message.received_at)
                 self.durable.admit(job, wall)
@@ -124,13 +124,13 @@ class MqttIntake:
             log.warning("stop_rejected", reason=str(exc))
             return
         if stop.all:
-            count = self.dispatcher.stop_all()
+            count = self.ledger.stop_all()
             log.info("stop_all", stopped=count)
         elif stop.id is not None:
-            found = self.dispatcher.stop_id(stop.id)
+            found = self.ledger.stop_id(stop.id)
             log.info("stop_id", target=stop.id, found=found)
         else:
-            found = self.dispatcher.stop_current()
+            found = self.ledger.stop_current()
             log.info("stop_current", found=found)
 
 

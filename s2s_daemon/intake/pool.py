@@ -25,7 +25,7 @@ import structlog
 from s2s_daemon.intake.schemas import IntakeRules, parse_say
 from s2s_daemon.mqtt.packets import InMessage, OutMessage
 from s2s_daemon.mqtt.topics import Topics
-from s2s_daemon.pipeline.jobs import Dispatcher
+from s2s_daemon.pipeline.jobs import Ledger
 from s2s_daemon.pipeline.journal import JournalError
 from s2s_daemon.pipeline.messages import ErrorCode, SayRequest, Status
 from s2s_daemon.pipeline.outbox import DurableRequests
@@ -79,13 +79,13 @@ class PoolHandBack:
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        ledger: Ledger,
         rules: IntakeRules,
         topics: Topics,
         publish: Callable[[OutMessage], None],
         durable: DurableRequests | None = None,
     ) -> None:
-        self.dispatcher = dispatcher
+        self.ledger = ledger
         self.rules = rules
         self.topics = topics
         self._publish = publish
@@ -105,7 +105,7 @@ class PoolHandBack:
         """Take the queued, not yet started pool requests out of the queue (no terminal event); how many."""
         self.active = True
         self._held = []
-        for job in self.dispatcher.hand_back(lambda r: r.origin == POOL_ORIGIN and r.feed is None):
+        for job in self.ledger.hand_back(lambda r: r.origin == POOL_ORIGIN and r.feed is None):
             seq = self.durable.release(job) if self.durable is not None else None
             self._held.append((job.request, seq))
         return len(self._held)
@@ -125,12 +125,12 @@ class PoolHandBack:
         )
         request = parsed.request
         if parsed.error is not None:
-            self.dispatcher.reject(request, parsed.error.code, parsed.error.message)
+            self.ledger.reject(request, parsed.error.code, parsed.error.message)
             return request
-        if request.id not in self._ids and self.dispatcher.seen(request.id):
-            self.dispatcher.reject(request, ErrorCode.DUPLICATE, f"request id {request.id!r} was already received")
+        if request.id not in self._ids and self.ledger.seen(request.id):
+            self.ledger.reject(request, ErrorCode.DUPLICATE, f"request id {request.id!r} was already received")
             return request
-        self.dispatcher.remember([request.id])
+        self.ledger.remember([request.id])
         seq = None
         if self.durable is not None:  # acknowledged once journaled, finished once republished
             wall = time.time() - (time.monotonic() - message.received_at)
@@ -179,4 +179,4 @@ class PoolHandBack:
             consequence="served at the next start (journal)" if kept else "answered cancelled",
         )
         if not kept:
-            self.dispatcher.unserved(request, Status.CANCELLED)
+            self.ledger.unserved(request, Status.CANCELLED)

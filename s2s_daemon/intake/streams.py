@@ -22,7 +22,7 @@ import structlog
 
 from s2s_daemon.intake.schemas import IntakeRules, new_request_id, parse_stream_piece
 from s2s_daemon.mqtt.packets import InMessage
-from s2s_daemon.pipeline.jobs import Dispatcher, Job, Phase
+from s2s_daemon.pipeline.jobs import Job, Ledger, Phase
 from s2s_daemon.pipeline.messages import ErrorCode, SayRequest
 from s2s_daemon.pipeline.textfeed import FeedEnd, TextFeed
 
@@ -43,8 +43,8 @@ class _Early:
 class StreamIntake:
     """The streams the MQTT intake has open, by request id."""
 
-    def __init__(self, dispatcher: Dispatcher, rules: IntakeRules, opened: Callable[[Job, InMessage], None]) -> None:
-        self.dispatcher = dispatcher
+    def __init__(self, ledger: Ledger, rules: IntakeRules, opened: Callable[[Job, InMessage], None]) -> None:
+        self.ledger = ledger
         self.rules = rules
         self._opened = opened
         """Called with each stream that entered the queue (the journal admits it)."""
@@ -76,7 +76,7 @@ class StreamIntake:
             self._reject(rid or new_request_id(), piece.error.code, piece.error.message, message)
             return
         assert rid is not None and piece.seq is not None
-        if piece.seq > 0 and self.dispatcher.seen(rid) and rid not in self._early:
+        if piece.seq > 0 and self.ledger.seen(rid) and rid not in self._early:
             log.debug("stream_piece_ignored", request_id=rid, seq=piece.seq, why="its id was answered")
             return
         if piece.seq > 0:
@@ -87,7 +87,7 @@ class StreamIntake:
         early = self._pop_early(rid)
         if opening.error is not None:
             self._answer(rid)
-            self.dispatcher.reject(opening.request, opening.error.code, opening.error.message)
+            self.ledger.reject(opening.request, opening.error.code, opening.error.message)
             return
         if early is not None:
             feed = early.feed
@@ -96,7 +96,7 @@ class StreamIntake:
         feed.add(0, piece.text, last=piece.last, now=piece.received_at)
         # Latency counts from the first piece that came, whichever it was.
         request = replace(opening.request, feed=feed, received_at=min(feed.first_piece_at, piece.received_at))
-        job = self.dispatcher.submit(request)
+        job = self.ledger.submit(request)
         if job.phase is Phase.DONE:  # rejected: duplicate, queue full, shutting down
             self._answer(rid)
             return
@@ -136,7 +136,7 @@ class StreamIntake:
         )
         log.warning("stream_never_opened", request_id=rid)
         self._answer(rid)
-        self.dispatcher.reject(self._placeholder(rid), ErrorCode.BAD_PAYLOAD, message)
+        self.ledger.reject(self._placeholder(rid), ErrorCode.BAD_PAYLOAD, message)
 
     def _pop_early(self, rid: str | None) -> _Early | None:
         """Forget the pieces held for ``rid`` (and their timer); what was held, if any."""
@@ -147,7 +147,7 @@ class StreamIntake:
 
     def _reject(self, rid: str, code: ErrorCode, why: str, message: InMessage) -> None:
         self._answer(rid)
-        self.dispatcher.reject(self._placeholder(rid, message), code, why)
+        self.ledger.reject(self._placeholder(rid, message), code, why)
 
     def _placeholder(self, rid: str, message: InMessage | None = None) -> SayRequest:
         return SayRequest(

@@ -50,7 +50,7 @@ from s2s_daemon.config import WyomingConfig
 from s2s_daemon.errors import UnavailableError
 from s2s_daemon.intake.schemas import MAX_PAYLOAD_BYTES, IntakeRules, parse_say, resolve_voice
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
-from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.messages import ErrorCode, Status
 from s2s_daemon.pipeline.output import CallerStream, pcm16
 from s2s_daemon.pipeline.segment import split_sentences
@@ -269,7 +269,7 @@ class WyomingConnection:
         self._ended = True
         for speech in self._speeches:
             speech.stream.abandon()
-            self.server.dispatcher.cancel(speech.job, Status.INTERRUPTED)
+            self.server.ledger.cancel(speech.job, Status.INTERRUPTED)
         self._speeches.clear()
         for channel in (self._pending, self._outbox):
             channel.clear()
@@ -414,9 +414,9 @@ class WyomingConnection:
         stream = CallerStream()
         request = dataclasses.replace(parsed.request, output=stream)
         if parsed.error is not None:
-            job = server.dispatcher.reject(request, parsed.error.code, parsed.error.message)
+            job = server.ledger.reject(request, parsed.error.code, parsed.error.message)
         else:
-            job = server.dispatcher.submit(request)
+            job = server.ledger.submit(request)
         return Speech(job, stream)
 
     # -- writing ----------------------------------------------------------------------------
@@ -479,10 +479,10 @@ class WyomingServer:
     """The listener, its connections and its zeroconf advertisement. The constructor does no I/O."""
 
     def __init__(
-        self, config: WyomingConfig, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo, site_id: str
+        self, config: WyomingConfig, ledger: Ledger, rules: IntakeRules, info: EngineInfo, site_id: str
     ) -> None:
         self.config = config
-        self.dispatcher = dispatcher
+        self.ledger = ledger
         self.rules = rules
         self.sample_rate = info.sample_rate
         self.site_id = site_id

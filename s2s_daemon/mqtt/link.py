@@ -397,7 +397,7 @@ class MqttLink:
         Subscriptions are QoS 1 at most: with manual acknowledgements paho cannot answer a
         QoS 2 PUBREL that a broker re-sends after a reconnect (its PUBLISH died with the old
         client), which would hold one of the broker's in-flight slots for good. QoS 1 and
-        the dispatcher's duplicate window serve the same purpose.
+        the ledger's duplicate window serve the same purpose.
         """
         receipt = self._acks.owe(message.mid, message.qos) if message.qos > 0 else None
         try:

@@ -58,7 +58,7 @@ class Timeline:
     """Milliseconds of audio delivered: the sink's report, or estimated when playback was stopped."""
     stop_asked: float | None = None
     """When the request was asked to stop (a stop, ``interrupt``, barge-in, the drain, its caller
-    gone): a first sample handed on after this was not heard (``Dispatcher.heard``)."""
+    gone): a first sample handed on after this was not heard (``Ledger.heard``)."""
 
 
 class Phase(enum.StrEnum):
@@ -205,8 +205,8 @@ class JobEvents(Protocol):
     def state_changed(self) -> None: ...
 
 
-class Dispatcher:
-    """The ledger: admits requests into the queue and guarantees one ``finished`` per request id."""
+class Ledger:
+    """Admits requests into the queue, owns every request's state and guarantees one ``finished`` per request id."""
 
     def __init__(self, queue: RequestQueue, events: JobEvents, dedup_window: int) -> None:
         self.queue = queue

@@ -16,7 +16,7 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 import structlog
 
-from s2s_daemon.pipeline.jobs import Dispatcher, Job, Phase
+from s2s_daemon.pipeline.jobs import Job, Ledger, Phase
 from s2s_daemon.pipeline.journal import JournalError, Recovered, RequestJournal, Unsent
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
 
@@ -124,7 +124,7 @@ class DurableRequests:
     once committed) and withdrawn (``journal_error``) when the commit fails; after a restart the
     unanswered ones are queued again."""
 
-    def __init__(self, outbox: Outbox[Any], ledger: Dispatcher) -> None:
+    def __init__(self, outbox: Outbox[Any], ledger: Ledger) -> None:
         self.outbox = outbox
         self.journal = outbox.journal
         self.ledger = ledger

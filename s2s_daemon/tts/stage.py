@@ -23,10 +23,10 @@ import structlog
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.jobs import (
     ChunkMade,
-    Dispatcher,
     Failed,
     FirstSample,
     Job,
+    Ledger,
     PlaybackEnded,
     Released,
     SegmentReady,
@@ -73,7 +73,7 @@ class TtsStage:
         info: EngineInfo,
         requests: RequestQueue,
         utterances: Channel[Utterance],
-        dispatcher: Dispatcher,
+        ledger: Ledger,
         chunk_frames: int,
         gate: Callable[[], asyncio.Future[None] | None] | None = None,
         template: SynthesisRequest | None = None,
@@ -86,7 +86,7 @@ class TtsStage:
         self.info = info
         self.requests = requests
         self.utterances = utterances
-        self.dispatcher = dispatcher
+        self.ledger = ledger
         self.chunk_frames = chunk_frames
         self.gate = gate
         """Returns an awaitable to hold the speaker's next utterance (VAD policy ``wait``), or None."""
@@ -134,7 +134,7 @@ class TtsStage:
                 # The gate holds the room's next utterance while someone speaks, not a caller's.
                 if request.output is None and self.gate is not None and (hold := self.gate()) is not None:
                     await hold
-                job = self.dispatcher.take(request)
+                job = self.ledger.take(request)
                 if job is not None:
                     await self._synthesize(job)
         finally:
@@ -151,7 +151,7 @@ class TtsStage:
         try:
             await self.utterances.put(Utterance(job.request, self.info.sample_rate, chunks))
         except ChannelClosed:
-            self.dispatcher.record(job, Released(time.monotonic()))
+            self.ledger.record(job, Released(time.monotonic()))
             return
 
         async def deliver(chunk: np.ndarray) -> bool:
@@ -170,7 +170,7 @@ class TtsStage:
         """A caller's request: its chunks straight into its stream, and its end reported here
         (there is no playback for it). A stop closes the stream at once, even while synthesis
         waits for a slow reader; what was buffered is still read."""
-        ledger = self.dispatcher
+        ledger = self.ledger
         request = job.request
         if job.should_stop():
             output.close()
@@ -208,7 +208,7 @@ class TtsStage:
 
     async def _synthesize_into(self, job: Job, deliver: Deliver) -> None:
         request = job.request
-        ledger = self.dispatcher
+        ledger = self.ledger
         synth = dataclasses.replace(
             self.template,
             text=request.text,
@@ -280,7 +280,7 @@ class TtsStage:
     ) -> bool:
         """One sentence or clause into the utterance (``pause`` before it, unless it is the first);
         False when the request ended early (stopped, playback gone)."""
-        self.dispatcher.record(job, SegmentReady(time.monotonic(), len(text)))
+        self.ledger.record(job, SegmentReady(time.monotonic(), len(text)))
         if spoken and not await self._put(job, deliver, pause):
             return False
         # The first piece's start is the speaker's to pace (audio/playback.py); a later one, on an
@@ -329,10 +329,10 @@ class TtsStage:
         if why is not None:
             log.warning("stream_ended_early", reason=str(feed.end), detail=feed.end_detail, chars=feed.chars)
             message = f"{feed.end_detail}; the {feed.chars} characters before were spoken"
-            self.dispatcher.record(job, TextCut(time.monotonic(), why, message))
+            self.ledger.record(job, TextCut(time.monotonic(), why, message))
         elif spoken == 0:
             empty = "the stream closed without text"
-            self.dispatcher.record(job, Failed(time.monotonic(), ErrorCode.EMPTY_TEXT, empty))
+            self.ledger.record(job, Failed(time.monotonic(), ErrorCode.EMPTY_TEXT, empty))
 
     def _hold_s(self, chars: int) -> float:
         """Seconds of a sentence of ``chars`` to buffer before it plays (0: an engine faster than
@@ -344,7 +344,7 @@ class TtsStage:
     def _made(self, job: Job, chunk: np.ndarray) -> float:
         """Tell the ledger the engine made ``chunk``; its seconds."""
         seconds = len(chunk) / self.info.sample_rate
-        self.dispatcher.record(job, ChunkMade(time.monotonic(), seconds))
+        self.ledger.record(job, ChunkMade(time.monotonic(), seconds))
         return seconds
 
     @staticmethod

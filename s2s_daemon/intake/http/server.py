@@ -43,7 +43,7 @@ from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.http.monitor import MonitorRoutes
 from s2s_daemon.intake.http.web import WebPage
 from s2s_daemon.intake.schemas import IntakeRules, parse_say, resolve_voice
-from s2s_daemon.pipeline.jobs import Dispatcher, Job
+from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.messages import ErrorCode, Status
 from s2s_daemon.pipeline.output import CallerStream
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, Samples, model_name
@@ -117,7 +117,7 @@ class ThreadedEncoder:
 class _Pipeline:
     """What the API serves with, once the model is loaded."""
 
-    dispatcher: Dispatcher
+    ledger: Ledger
     rules: IntakeRules
     info: EngineInfo
 
@@ -148,9 +148,9 @@ class HttpSpeechServer:
 
     # -- what it serves with -------------------------------------------------------------
 
-    def attach(self, dispatcher: Dispatcher, rules: IntakeRules, info: EngineInfo, feed: LiveFeed | None) -> None:
+    def attach(self, ledger: Ledger, rules: IntakeRules, info: EngineInfo, feed: LiveFeed | None) -> None:
         """The model is loaded: serve speech with this pipeline, the page's live view from ``feed``."""
-        self._pipeline = _Pipeline(dispatcher, rules, info)
+        self._pipeline = _Pipeline(ledger, rules, info)
         self.feed = feed
 
     def require_attached(self) -> None:
@@ -169,8 +169,8 @@ class HttpSpeechServer:
         return self._pipeline
 
     @property
-    def dispatcher(self) -> Dispatcher:
-        return self._attached().dispatcher
+    def ledger(self) -> Ledger:
+        return self._attached().ledger
 
     @property
     def rules(self) -> IntakeRules:
@@ -321,10 +321,10 @@ class HttpSpeechServer:
         if parsed.error is not None and parsed.error.code is ErrorCode.UNKNOWN_VOICE:
             parsed = dataclasses.replace(parsed, error=with_openai_names(parsed.error, self.rules))
         if parsed.error is not None:
-            self.dispatcher.reject(parsed.request, parsed.error.code, parsed.error.message)
+            self.ledger.reject(parsed.request, parsed.error.code, parsed.error.message)
             raise invalid_request(parsed.error)
         stream = CallerStream(speed=speech.speed)
-        job = self.dispatcher.submit(dataclasses.replace(parsed.request, output=stream))
+        job = self.ledger.submit(dataclasses.replace(parsed.request, output=stream))
         with structlog.contextvars.bound_contextvars(request_id=job.request.id):
             return await self._respond(request, speech, job, stream)
 
@@ -380,7 +380,7 @@ class HttpSpeechServer:
             await job.done.wait()  # the stream has ended: its request ends with it
             if response is None:
                 if job.status is not Status.COMPLETED:
-                    raise unanswered(job.status, job.error, self.dispatcher.accepting)
+                    raise unanswered(job.status, job.error, self.ledger.accepting)
                 response, encoder = await begin()  # completed without audio: an empty file
                 await send(encoder.encoder.header())
             assert encoder is not None
@@ -401,7 +401,7 @@ class HttpSpeechServer:
             if not job.done.is_set():  # the client went away (cancelled handler or a failed write)
                 log.info("http_client_gone", sent_bytes=sent)
                 stream.abandon()
-                self.dispatcher.cancel(job, Status.INTERRUPTED)
+                self.ledger.cancel(job, Status.INTERRUPTED)
             if encoder is not None:
                 encoder.close()
         log.info(
@@ -426,9 +426,9 @@ class HttpSpeechServer:
             if not job.done.is_set():  # the client went away (its handler was cancelled)
                 log.info("http_client_gone", sent_bytes=0)
                 stream.abandon()
-                self.dispatcher.cancel(job, Status.INTERRUPTED)
+                self.ledger.cancel(job, Status.INTERRUPTED)
         if job.status is not Status.COMPLETED:
-            raise unanswered(job.status, job.error, self.dispatcher.accepting)
+            raise unanswered(job.status, job.error, self.ledger.accepting)
         samples = np.concatenate(parts) if parts else np.zeros(0, np.float32)
         rate = stream.sample_rate or self.info.sample_rate
         if speech.response_format == "wav":

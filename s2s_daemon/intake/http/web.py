@@ -39,7 +39,7 @@ from s2s_daemon.intake.http.encoders import FORMATS
 from s2s_daemon.intake.http.live import LiveEvent
 from s2s_daemon.intake.http.voice_admin import VoiceAdmin
 from s2s_daemon.intake.schemas import StopPayload, decode_json_object, parse_say
-from s2s_daemon.pipeline.jobs import Dispatcher, Job, Phase
+from s2s_daemon.pipeline.jobs import Job, Ledger, Phase
 from s2s_daemon.pipeline.messages import Status
 
 if TYPE_CHECKING:
@@ -114,8 +114,8 @@ class WebPage:
         self.voices = VoiceAdmin(server)
 
     @property
-    def dispatcher(self) -> Dispatcher:
-        return self.server.dispatcher
+    def ledger(self) -> Ledger:
+        return self.server.ledger
 
     def add_routes(self, app: web.Application) -> frozenset[str]:
         """Register the page, its files and its API; the paths served without the bearer token."""
@@ -154,14 +154,14 @@ class WebPage:
     def jobs(self) -> list[dict[str, Any]]:
         """The requests in hand: those being synthesized or spoken, then the queue in serving order."""
         now = time.monotonic()
-        jobs = self.dispatcher.jobs
+        jobs = self.ledger.jobs
         busy = [job_row(j, now) for j in jobs.values() if j.phase is not Phase.QUEUED]
-        waiting = [job_row(jobs[r.id], now) for r in self.dispatcher.queue.waiting() if r.id in jobs]
+        waiting = [job_row(jobs[r.id], now) for r in self.ledger.queue.waiting() if r.id in jobs]
         return busy + waiting
 
     def state(self) -> dict[str, Any]:
-        state, current = self.dispatcher.state()
-        return {"state": state, "queue": len(self.dispatcher.queue), "currentId": current}
+        state, current = self.ledger.state()
+        return {"state": state, "queue": len(self.ledger.queue), "currentId": current}
 
     def snapshot(self, machine_info: dict[str, Any]) -> dict[str, Any]:
         """Everything the live view shows, now (built without a pause: no event falls between it and
@@ -239,11 +239,11 @@ class WebPage:
         received = time.monotonic()
         parsed = parse_say(await request.read(), self.server.rules, origin=ORIGIN, received_at=received)
         if parsed.error is not None:
-            self.dispatcher.reject(parsed.request, parsed.error.code, parsed.error.message)
+            self.ledger.reject(parsed.request, parsed.error.code, parsed.error.message)
             raise invalid_request(parsed.error)
-        job = self.dispatcher.submit(parsed.request)
+        job = self.ledger.submit(parsed.request)
         if job.status is Status.REJECTED:
-            raise unanswered(job.status, job.error, self.dispatcher.accepting)
+            raise unanswered(job.status, job.error, self.ledger.accepting)
         return web.json_response({"id": job.request.id, "status": "queued"}, status=202)
 
     async def _stop(self, request: web.Request) -> web.Response:
@@ -255,11 +255,11 @@ class WebPage:
         except ValidationError as exc:
             raise ApiError(400, str(exc.errors()[0]["msg"]), code="bad_payload") from exc
         if stop.all:
-            stopped = self.dispatcher.stop_all()
+            stopped = self.ledger.stop_all()
         elif stop.id is not None:
-            stopped = int(self.dispatcher.stop_id(stop.id))
+            stopped = int(self.ledger.stop_id(stop.id))
         else:
-            stopped = int(self.dispatcher.stop_current())
+            stopped = int(self.ledger.stop_current())
         return web.json_response({"stopped": stopped})
 
 
