@@ -61,7 +61,7 @@ def test_the_default_options_become_the_daemons_settings(addon: tuple[ModuleType
     assert config.tts.model == "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
     assert config.tts.voice == "Ryan"
     assert config.tts.language == "auto"
-    assert config.tts.torch.quantization == "int8"
+    assert config.tts.torch.quantization == "auto"
     assert config.log.level == "info"
     # What the add-on fixes: Wyoming for Home Assistant, announced by the Supervisor, no speaker.
     assert (config.wyoming.enabled, config.wyoming.host, config.wyoming.port) == (True, "0.0.0.0", 10200)
