@@ -75,7 +75,7 @@ HTTP_TEXT = "Good evening, the living room lights are off and the back door is l
 CORES = os.cpu_count() or 1
 NEIGHBOURS = max(1, CORES - 1)
 SETTLE_S = 6.0
-"""After the neighbours start: the engine's CPU watch reads every 2 s and averages."""
+"""After the neighbours start: the engine's CPU watch reads every second, then a frame ends."""
 LOUD = 1e-3
 """A recorded sample above this is sound (the null sink's silence is exact zeros)."""
 

@@ -3,13 +3,16 @@ daemon), one process per measurement, frames per second of synthesis with audio.
 
 For each checkpoint (``--models``), each condition (quiet; one busy process per core but one
 beside it, each in a session of its own; a cgroup with a quota of one CPU, as root) and each wait
-(``default``: libgomp's own spin, ``GOMP_SPINCOUNT=300000``; ``passive``: ``OMP_WAIT_POLICY=PASSIVE``,
-what the daemon sets; ``spin=N``: ``GOMP_SPINCOUNT=N``), the engine with every thread it may use
-and with one. Rounds alternate the variants, so that the machine's drift hits all alike; the
-table gives the median of the rounds, and each figure's share of the same row's quiet figure.
+(``default``: libgomp's own spin, ``GOMP_SPINCOUNT=300000``; ``passive``: ``OMP_WAIT_POLICY=PASSIVE``;
+``spin=N``: ``GOMP_SPINCOUNT=N``, the daemon's ``spin=3000``), the engine with every thread it
+may use and with one (``--threads``), the count fixed: the daemon's watch, which lowers it beside
+a busy process, is not at work here (``scripts/bench_shipped.py`` measures the daemon). Rounds
+alternate the variants, so that the machine's drift hits all alike; the table gives the median of
+the rounds, and each figure's share of the same row's quiet figure.
 
 Usage: .venv/bin/python scripts/bench_threads.py --models tests/fixtures/qwen3_tiny/custom_voice,/tmp/cv06
        [--quantization int8] [--frames 60] [--rounds 3] [--waits default,passive,spin=1000]
+       [--conditions quiet,busy,quota] [--threads 2,1]
 """
 
 from __future__ import annotations
@@ -104,18 +107,25 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--waits", default="default,passive,spin=1000")
+    parser.add_argument("--conditions", default="quiet,busy,quota", help="a subset of quiet,busy,quota")
+    parser.add_argument("--threads", default=None, help="thread counts to run (default: every usable CPU, and 1)")
     add_doc_arguments(parser, "threads")
     args = parser.parse_args()
     doc = doc_target(args)
     cores = os.cpu_count() or 1
     most = cores if cores <= 2 else cores - 1
-    conditions = ["quiet", "busy"] + (["quota"] if CpuQuota.unavailable() is None else [])
+    wanted = [c.strip() for c in args.conditions.split(",") if c.strip()]
+    if "quiet" not in wanted:
+        parser.error("--conditions needs quiet: the other figures are given as its share")
+    quota_ok = CpuQuota.unavailable() is None
+    conditions = [c for c in ("quiet", "busy", "quota") if c in wanted and (c != "quota" or quota_ok)]
+    counts = sorted({int(t) for t in args.threads.split(",")} if args.threads else {most, 1}, reverse=True)
     waits = [w.strip() for w in args.waits.split(",") if w.strip()]
     results: dict[tuple[str, str, int, str], list[float]] = {}
     for _ in range(args.rounds):
         for model in args.models.split(","):
             for wait in waits:
-                for threads in sorted({most, 1}, reverse=True):
+                for threads in counts:
                     for condition in conditions:
                         fps = measure(model, args.quantization, threads, args.frames, wait_env(wait), condition)
                         results.setdefault((model, wait, threads, condition), []).append(fps)
@@ -126,7 +136,7 @@ def main() -> None:
     rows = []
     for model in args.models.split(","):
         for wait in waits:
-            for threads in sorted({most, 1}, reverse=True):
+            for threads in counts:
                 quiet = statistics.median(results[(model, wait, threads, "quiet")])
                 cells = []
                 for condition in conditions:

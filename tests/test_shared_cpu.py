@@ -30,7 +30,7 @@ REQUESTS = 3
 KEEPS = 0.3
 """Of the quiet speed, what the best busy request must keep: a 4-5x collapse keeps 20-25 %."""
 SETTLE_S = 6.0
-"""Time for the engine's watch to see the neighbours (readings every 2 s, a running average)."""
+"""Time for the engine's watch to see the neighbours (a reading a second) and a frame to end."""
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

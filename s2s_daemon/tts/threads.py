@@ -1,13 +1,16 @@
 """The CPU engine's threads on a shared machine: how they wait, and how many run.
 
 torch's operators, oneDNN, MKL and our native kernels all run on one GNU libgomp thread pool,
-whose threads spin before they sleep at the end of a parallel region; beside another busy
-process that spinning burns the time slice its partner needs, and decoding (a few hundred short
-regions a frame) collapses. ``prepare_openmp`` asks for a passive wait before torch is first
-imported (``scripts/bench_threads.py`` measures it against spinning). ``CpuWatch`` measures what
-this process may use of the machine (affinity, cgroup quota, others' and the hypervisor's CPU
-time); ``choose_threads`` turns that into an intra-op thread count, applied between frames on
-the engine thread.
+whose threads spin before they sleep at the end of a parallel region. Beside another busy
+process a long spin burns the time slice its partner needs, and decoding (a few hundred short
+regions a frame) collapses; sleeping at once (a passive wait) pays a wake-up in every region
+and costs a quiet machine much of its second thread. ``prepare_openmp`` asks for a short spin
+before torch is first imported (``scripts/bench_threads.py`` measures the waits side by side).
+``CpuWatch`` measures what this process may use of the machine (affinity, cgroup quota, others'
+and the hypervisor's CPU time): at once when others take more, by a running average when they
+take less; ``choose_threads`` turns that into an intra-op thread count, applied between frames
+on the engine thread, so that beside a busy process the engine soon runs one thread, which
+nothing waits on.
 """
 
 from __future__ import annotations
@@ -25,15 +28,18 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-WAIT_POLICY = "PASSIVE"
-"""What ``prepare_openmp`` sets: ``scripts/bench_threads.py`` compares it with the default spin."""
+SPIN_COUNT = "3000"
+"""``GOMP_SPINCOUNT`` that ``prepare_openmp`` sets: a waiting thread spins about 30 µs (libgomp
+reckons 100,000 rounds a millisecond; its own count is 300,000), then sleeps;
+``scripts/bench_threads.py`` compares it with the default spin and the passive wait."""
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 """Set by the user: their choice is kept (``KMP_BLOCKTIME``, LLVM's and Intel's, is not libgomp's:
 beside it ``OMP_WAIT_POLICY`` is still set, which those runtimes let ``KMP_BLOCKTIME`` override)."""
-SAMPLE_S = 2.0
+SAMPLE_S = 1.0
 """Seconds between two readings of the machine's CPU time."""
 SMOOTHING = 0.5
-"""Weight of the newest reading in the running estimate of what others take."""
+"""Weight of the newest reading in the running estimate of what others take, when it is lower
+than the estimate (a higher reading is taken at once: yield fast, take back slowly)."""
 RAISE_MARGIN = 0.3
 """One more thread once at least ``n + 1 - RAISE_MARGIN`` CPUs are free."""
 LOWER_MARGIN = 0.5
@@ -43,7 +49,7 @@ _wait_state: dict[str, str] = {}
 
 
 def prepare_openmp(environ: MutableMapping[str, str] | None = None, imported: bool | None = None) -> str:
-    """Ask OpenMP for a passive wait before torch (and so libgomp) is loaded; what happened:
+    """Ask OpenMP for a short spin before torch (and so libgomp) is loaded; what happened:
     ``set``, ``kept`` (the user set a wait variable) or ``late`` (torch was imported already: the
     runtime read its settings then)."""
     real = environ is None
@@ -54,7 +60,7 @@ def prepare_openmp(environ: MutableMapping[str, str] | None = None, imported: bo
     elif imported:
         outcome = "late"
     else:
-        environ["OMP_WAIT_POLICY"] = WAIT_POLICY
+        environ["GOMP_SPINCOUNT"] = SPIN_COUNT
         outcome = "set"
     if real:
         _wait_state.setdefault("outcome", outcome)
@@ -62,13 +68,13 @@ def prepare_openmp(environ: MutableMapping[str, str] | None = None, imported: bo
 
 
 def wait_policy() -> str:
-    """The wait as the OpenMP runtime read it, for the log: ``PASSIVE``, ``GOMP_SPINCOUNT=...``,
-    ``default spin (torch was imported before the daemon could set OMP_WAIT_POLICY)``..."""
+    """The wait as the OpenMP runtime read it, for the log: ``GOMP_SPINCOUNT=...``,
+    ``OMP_WAIT_POLICY=PASSIVE``, ``default spin (torch was imported before ...)``..."""
     for name in (*WAIT_VARIABLES, "KMP_BLOCKTIME"):
         if name in os.environ:
             return f"{name}={os.environ[name]}"
     if _wait_state.get("outcome") == "late":
-        return "default spin (torch was imported before OMP_WAIT_POLICY could be set)"
+        return "default spin (torch was imported before GOMP_SPINCOUNT could be set)"
     return "default spin"
 
 
@@ -141,9 +147,9 @@ class CpuShare:
     quota: float | None = None
     """Its cgroup's CPU quota (CPUs), None when there is none."""
     others: float = 0.0
-    """CPUs busy with other processes (running average)."""
+    """CPUs busy with other processes (the watch's estimate: a rise at once, a fall by a running average)."""
     steal: float = 0.0
-    """CPUs the hypervisor gave to other machines (steal time, running average)."""
+    """CPUs the hypervisor gave to other machines (steal time, estimated alike)."""
 
     @property
     def usable(self) -> float:
@@ -223,6 +229,13 @@ def read_times(proc: Path = Path("/proc")) -> CpuTimes | None:
     return CpuTimes(busy / hz, steal / hz, time.process_time(), time.monotonic())
 
 
+def _follow(estimate: float, reading: float) -> float:
+    """The next estimate of a CPU count others take: a higher reading at once, a lower one by the
+    running average (a neighbour that comes is yielded to within a reading; one that goes is
+    believed gone after a few)."""
+    return reading if reading >= estimate else (1 - SMOOTHING) * estimate + SMOOTHING * reading
+
+
 class CpuWatch:
     """Reads the machine every ``SAMPLE_S`` on a thread of its own (``s2s.cpu_watch``) and keeps a
     running estimate of what the others take; ``share()`` is the latest (any thread)."""
@@ -265,8 +278,8 @@ class CpuWatch:
                 share = CpuShare(
                     share.cpus,
                     share.quota,
-                    others if first else (1 - SMOOTHING) * share.others + SMOOTHING * others,
-                    steal if first else (1 - SMOOTHING) * share.steal + SMOOTHING * steal,
+                    others if first else _follow(share.others, others),
+                    steal if first else _follow(share.steal, steal),
                 )
             self._share = share
             self.readings += 1
