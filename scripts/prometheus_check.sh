@@ -95,10 +95,13 @@ EOF
 pids+=($!)
 echo "prometheus $("$PROMETHEUS" --version 2>&1 | head -1 | awk '{print $3}') on 127.0.0.1:$prom scraping $target"
 
-# The value of the first sample a PromQL query returns ("" when none).
+# The value of the first sample a PromQL query returns ("" when none, or while Prometheus starts).
 query() {
-  curl -fsS --get --data-urlencode "query=$1" "http://127.0.0.1:$prom/api/v1/query" 2>/dev/null |
-    "$PY" -c 'import json, sys; r = json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "")'
+  local answer
+  answer=$(curl -fsS --get --data-urlencode "query=$1" "http://127.0.0.1:$prom/api/v1/query" 2>/dev/null) || true
+  [ -n "$answer" ] || return 0
+  "$PY" -c 'import json, sys; r = json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "")' \
+    <<<"$answer"
 }
 scraped() { [ "$(query 'up{job="s2s"}')" = "1" ]; }
 has() { [ -n "$(query "$1")" ]; }
