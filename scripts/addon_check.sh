@@ -86,11 +86,13 @@ mkdir -p "$WORK/data" "$WORK/share/s2s_daemon/models"
 podman run --rm --network none --entrypoint /opt/s2s/venv/bin/python -v "$WORK/share:/share" "$IMAGE" \
   -m s2s_daemon.tools.make_checkpoint /share/s2s_daemon/models/tiny --size tiny --kind custom_voice \
   >"$WORK/checkpoint.log" 2>&1 || { tail -5 "$WORK/checkpoint.log"; report checkpoint FAIL "make_checkpoint"; exit 1; }
-# The options as the Configuration page saves them: config.yaml's defaults, the model replaced.
+# The options as the Configuration page saves them: config.yaml's defaults, the model and the
+# quantization changed by the user (int8 where the default is auto: a choice must arrive as made).
 "$PY" -c '
 import json, sys, yaml
 options = yaml.safe_load(open(sys.argv[1]))["options"]
 options["model"] = "/share/s2s_daemon/models/tiny"
+options["quantization"] = "int8"
 json.dump(options, open(sys.argv[2], "w"))
 ' "$ADDON/config.yaml" "$WORK/data/options.json"
 
