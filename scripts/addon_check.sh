@@ -168,7 +168,10 @@ else
   report wyoming FAIL "$out"
 fi
 
-if podman logs "$NAME" 2>&1 | grep -q 'S2S_TTS__TORCH__QUANTIZATION="int8"'; then
+# The log read whole first: under pipefail, `podman logs | grep -q` fails when grep's early exit
+# leaves podman writing into a closed pipe (SIGPIPE), which a long log makes likely.
+container_log=$(podman logs "$NAME" 2>&1 || true)
+if grep -q 'S2S_TTS__TORCH__QUANTIZATION="int8"' <<<"$container_log"; then
   report options ok "options.json became S2S_ variables (quantization int8, model /share/...)"
 else
   report options FAIL "the add-on's start line names no S2S_TTS__TORCH__QUANTIZATION"
