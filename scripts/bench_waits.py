@@ -92,10 +92,9 @@ async def main() -> None:
                         print(f"  {label} {variant}: {shown}", file=sys.stderr)
     rows = []
     for label, _, _ in models:
-        ours = None
-        for variant in VARIANTS:
-            cells = [statistics.median(results[(label, variant, c)]) for c in CONDITIONS]
-            ours = ours or cells
+        medians = {v: [statistics.median(results[(label, v, c)]) for c in CONDITIONS] for v in VARIANTS}
+        ours = medians[next(iter(VARIANTS))]
+        for variant, cells in medians.items():
             ratios = [f"{v / o:.2f}x" for v, o in zip(cells, ours, strict=True)]
             rows.append([label, variant, *(f"{v:.2f}" for v in cells), *ratios])
     header = ["model", "wait", *CONDITIONS, *(f"{c} / ours" for c in CONDITIONS)]

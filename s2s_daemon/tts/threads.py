@@ -34,7 +34,7 @@ reckons 100,000 rounds a millisecond; its own count is 300,000), then sleeps;
 ``scripts/bench_threads.py`` compares it with the default spin and the passive wait."""
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 """Set by the user: their choice is kept (``KMP_BLOCKTIME``, LLVM's and Intel's, is not libgomp's:
-beside it ``OMP_WAIT_POLICY`` is still set, which those runtimes let ``KMP_BLOCKTIME`` override)."""
+beside it ``GOMP_SPINCOUNT`` is still set, which only libgomp reads)."""
 SAMPLE_S = 1.0
 """Seconds between two readings of the machine's CPU time."""
 SMOOTHING = 0.5
