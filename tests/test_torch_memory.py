@@ -124,3 +124,25 @@ def test_codebook_sums_are_not_kept_beside_their_tables() -> None:
     assert torch.equal(books[0].table(), raw.table())
     assert books[0].table().grad_fn is None  # no graph keeps the read sums alive
     assert decoder.stream().push(torch.zeros(3, 16, dtype=torch.long)).abs().sum() > 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads /proc/self/maps (Linux)")
+def test_the_decoders_small_tensors_are_read_not_mapped() -> None:
+    """A view of a small tensor (a bias, a norm) would keep up to 64 KiB of the file around it
+    resident (the kernel's fault-around): the decoder reads those into buffers of its own."""
+    from s2s_daemon.tts.torch_qwen3 import codec
+
+    path = (CV / "speech_tokenizer" / "model.safetensors").resolve()
+    # in the fixture's stored dtype, so that tensors used as stored are not cast (a cast is a read)
+    decoder = codec.CodecDecoder.from_folder(CV / "speech_tokenizer", dtype=torch.bfloat16)
+    ranges = []
+    with open("/proc/self/maps", encoding="ascii", errors="replace") as fh:
+        for line in fh:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == str(path):
+                ranges.append(tuple(int(x, 16) for x in fields[0].split("-")))
+    tensors = [*decoder.parameters(), *decoder.buffers()]
+    small = [t for t in tensors if t.numel() * t.element_size() < codec.VIEW_MIN_BYTES]
+    assert small
+    mapped = [tuple(t.shape) for t in small if any(lo <= t.data_ptr() < hi for lo, hi in ranges)]
+    assert not mapped, f"views of the file: {mapped}"

@@ -115,9 +115,14 @@ GEMM_MAX_COLUMNS = 64
 """Causal convs with at most this many output columns run as one GEMM (see ``CausalConv1d._conv``)."""
 
 
-LOW_COLUMNS_BYTES = 16 << 20
-"""Bytes of bfloat16 columns one product of a bfloat16-weight conv takes at a time (``_low_conv``):
-bounds the stacked taps of a long input (a reference recording decoded at once)."""
+VIEW_MIN_BYTES = 1 << 20
+"""``_read_decoder`` reads a tensor used as stored below this size instead of mapping it."""
+
+LOW_COLUMNS_BYTES = 1 << 20
+"""Bytes of bfloat16 columns one product of a bfloat16-weight conv takes at a time (``_low_conv``).
+A streamed push's last stages stack up to 10 MiB of taps at once otherwise; freed, such blocks
+stay in the process's heap. Blocks of 1 MiB cost no speed (a push of 4 frames timed with blocks of
+0.5-16 MiB alike) and keep every product's columns in the cache."""
 
 
 def _takes_native_gemm(weight: Tensor, bias: Tensor | None) -> bool:
@@ -974,7 +979,10 @@ def _read_decoder(
     that loading converts (cast, moved to another device, relaid by the convs' ``relayout``, the
     codebooks turned into tables by ``compact``) are read into buffers of their own and converted
     one at a time, so the mapping's pages of their stored form never become resident beside the
-    converted copy, and no second copy of the decoder is ever whole.
+    converted copy, and no second copy of the decoder is ever whole. Tensors smaller than
+    ``VIEW_MIN_BYTES`` are read too: a fault on a mapping makes the kernel map the cached pages
+    around it (``fault_around_bytes``, 64 KiB), so a view of each 1 KiB bias and norm kept 44 MiB
+    of the file resident in all.
     """
     from s2s_daemon.tts.torch_qwen3.checkpoint import TensorFiles
 
@@ -996,7 +1004,7 @@ def _read_decoder(
             cast = stored.dtype.is_floating_point and stored.dtype != target
             codebook = name.endswith(("._codebook.embedding_sum", "._codebook.cluster_usage"))
             converted = name in relaid or codebook or device.type != "cpu" or cast
-            t = files.read(key) if converted else files.view(key)
+            t = files.read(key) if converted or stored.nbytes < VIEW_MIN_BYTES else files.view(key)
             out[name] = t.to(target) if cast else t
             del t
     finally:
