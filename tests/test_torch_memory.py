@@ -146,3 +146,57 @@ def test_the_decoders_small_tensors_are_read_not_mapped() -> None:
     assert small
     mapped = [tuple(t.shape) for t in small if any(lo <= t.data_ptr() < hi for lo, hi in ranges)]
     assert not mapped, f"views of the file: {mapped}"
+
+
+def _resident_kib(path: Path) -> int:
+    """KiB of ``path``'s mappings resident in this process (``/proc/self/smaps``)."""
+    real, total, inside = str(path.resolve()), 0, False
+    with open("/proc/self/smaps", encoding="ascii", errors="replace") as fh:
+        for line in fh:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                inside = len(head) > 5 and head[5] == real
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="reads /proc/self/smaps (Linux)")
+@pytest.mark.parametrize(("kernels", "quantization"), [("torch", "none"), ("native", "int8")])
+def test_lookups_leave_nothing_of_the_checkpoint_resident(kernels: str, quantization: str) -> None:
+    """The text and codec tables are read row by row from the file, never through its mapping:
+    a mapped lookup kept 64 KiB around every row looked up (the kernel's fault-around), and over a
+    daemon's life every row of every token it saw."""
+    from s2s_daemon.tts.torch_qwen3.talker import LookupTable
+
+    options = EngineOptions(model=str(CV), device="cpu", dtype="float32", quantization=quantization,
+                            kernels=kernels, extra={"prepared_cache": "0"})  # fmt: skip
+    engine = TorchQwen3Engine(options)
+    engine.load_blocking()
+    try:
+        assert engine.runtime is not None
+        tables = [m for m in engine.runtime.talker.modules() if isinstance(m, LookupTable)]
+        assert len(tables) == 17 and all(t.rows_from is not None for t in tables)
+        engine.codes_blocking(REQUEST, max_frames=6)
+        assert _resident_kib(CV / "model.safetensors") == 0
+    finally:
+        engine.close_blocking()
+
+
+def test_rows_read_from_the_file_are_the_tables_rows(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from s2s_daemon.tts.torch_qwen3.checkpoint import FileRows, TensorFiles
+
+    tables = {"a": torch.randn(50, 24).to(torch.bfloat16), "b": torch.randn(7, 40)}
+    save_file(tables, str(tmp_path / "t.safetensors"))
+    files = TensorFiles([tmp_path / "t.safetensors"])
+    ids = torch.tensor([[3, 0, 49], [49, 3, 1]])
+    got = files.rows("a").take(ids)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, torch.nn.functional.embedding(ids, tables["a"]))
+    assert torch.equal(files.rows("b").take(torch.tensor([6, 0])), tables["b"][[6, 0]])
+    assert files.rows("b").take(torch.tensor([], dtype=torch.long)).shape == (0, 40)
+    with pytest.raises(IndexError, match="row 7 is out of range"):
+        files.rows("b").take(torch.tensor([7]))
+    with pytest.raises(ValueError, match="two dimensions"):
+        FileRows(tmp_path / "t.safetensors", 0, (5,), torch.float32)

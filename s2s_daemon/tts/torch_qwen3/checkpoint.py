@@ -9,6 +9,7 @@ import math
 import mmap
 import os
 import re
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,12 +238,57 @@ class TensorFiles:
                 raise CheckpointError(f"{self.files[s.file]} cannot be mapped: {exc}") from exc
         return tensor_view(base, s.start, s.nbytes, s.dtype, s.shape)
 
+    def rows(self, name: str) -> FileRows:
+        """The 2-D tensor ``name`` as rows read when looked up (``FileRows``)."""
+        s = self.tensors[name]
+        return FileRows(self.files[s.file], s.start, s.shape, s.dtype)
+
     def close(self) -> None:
         """Close the files ``read`` opened and forget the mappings (views keep theirs)."""
         for fh in self._readers.values():
             fh.close()
         self._readers.clear()
         self._maps.clear()
+
+
+class FileRows:
+    """Rows of a 2-D table in a file, read with ``pread`` when looked up: nothing of the file is
+    mapped, so nothing of it counts in the process's RSS.
+
+    A mapped table looked up row by row kept far more than its rows resident: the kernel maps the
+    cached pages around each fault (``fault_around_bytes``, 64 KiB: 16 rows of the talker's tables,
+    32 of the predictor's), and over a daemon's life the rows of every token and code it ever
+    looked up. A lookup reads each row with one ``preadv`` (a frame looks up 16 rows).
+    """
+
+    __slots__ = ("__weakref__", "cols", "dtype", "fd", "path", "row_bytes", "rows", "start")
+
+    def __init__(self, path: Path, start: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        if len(shape) != 2:
+            raise ValueError(f"a table has two dimensions, not {shape}")
+        self.path = path
+        self.start = start
+        self.rows, self.cols = shape
+        self.dtype = dtype
+        self.row_bytes = self.cols * itemsize(dtype)
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise CheckpointError(f"{path} cannot be opened: {exc}") from exc
+        weakref.finalize(self, os.close, self.fd)
+
+    def take(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows ``ids`` (integers of any shape) as ``[*ids.shape, cols]``, as ``F.embedding`` gives them."""
+        flat = ids.reshape(-1).tolist()
+        out = torch.empty(len(flat), self.cols, dtype=self.dtype)
+        raw = out.view(torch.uint8).numpy()
+        for i, row in enumerate(flat):
+            if not 0 <= row < self.rows:
+                raise IndexError(f"row {row} is out of range for a table of {self.rows} rows")
+            got = os.preadv(self.fd, [raw[i]], self.start + row * self.row_bytes)
+            if got != self.row_bytes:
+                raise CheckpointError(f"{self.path} ended inside row {row} of a table")
+        return out.reshape(*ids.shape, self.cols)
 
 
 STORED_DTYPE_TABLES = re.compile(

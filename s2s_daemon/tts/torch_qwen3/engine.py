@@ -41,7 +41,13 @@ from s2s_daemon.tts.engine import (
 )
 from s2s_daemon.tts.threads import ThreadPolicy
 from s2s_daemon.tts.torch_qwen3 import memory
-from s2s_daemon.tts.torch_qwen3.checkpoint import load_weights, resolve_checkpoint
+from s2s_daemon.tts.torch_qwen3.checkpoint import (
+    TensorFiles,
+    keeps_stored_dtype,
+    load_weights,
+    resolve_checkpoint,
+    weight_files,
+)
 from s2s_daemon.tts.torch_qwen3.clone_cache import ClonePrompt, ClonePromptCache
 from s2s_daemon.tts.torch_qwen3.config import (
     GenerationSettings,
@@ -54,7 +60,7 @@ from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout, n
 from s2s_daemon.tts.torch_qwen3.overlap import ChunkQueue, CodecWorker, set_threads
 from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings, PromptTokens, build_embeddings, codec_prefix, tokenize
 from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, PrefixCache, Sequence, TalkerRuntime
-from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights, rows_in
+from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights, rows_by_reads, rows_in
 
 log = structlog.get_logger(__name__)
 
@@ -278,6 +284,7 @@ class TorchQwen3Engine:
         weights.eval()
         weights.requires_grad_(False)
         rows_in(weights, dtype)
+        rows_by_reads(weights, TensorFiles(weight_files(folder), keeps_stored_dtype))
         fuse_projections(weights)
         if weight_format == "int8":
             from s2s_daemon.tts.torch_qwen3.quant import quantize_linears

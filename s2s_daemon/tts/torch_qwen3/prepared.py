@@ -45,7 +45,7 @@ from s2s_daemon.tts.torch_qwen3.checkpoint import (
 )
 from s2s_daemon.tts.torch_qwen3.config import ModelConfig
 from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, no_weight_init
-from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights, rows_in
+from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights, rows_by_reads, rows_in
 
 log = structlog.get_logger(__name__)
 
@@ -562,6 +562,7 @@ def load_talker(
     weights.eval()
     weights.requires_grad_(False)
     rows_in(weights, dtype)
+    rows_by_reads(weights, ck)
     native.fuse_stacks(weights.talker, ext)
     log.info(
         "talker_weights_ready",

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from s2s_daemon.tts.torch_qwen3.checkpoint import FileRows, TensorFiles
 from s2s_daemon.tts.torch_qwen3.config import TalkerConfig
 from s2s_daemon.tts.torch_qwen3.layers import DecoderStack
 
@@ -26,9 +27,13 @@ class LookupTable(nn.Embedding):
 
     rows_dtype: torch.dtype | None = None
     """The dtype of the rows handed out (``rows_in``); None: the table's own."""
+    rows_from: FileRows | None = None
+    """Where CPU lookups read their rows from the checkpoint file (``rows_by_reads``); None: from
+    ``weight``, which then stays the mapped view (untouched) for the other paths."""
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = super().forward(ids)
+        source = self.rows_from
+        rows = source.take(ids) if source is not None and ids.device.type == "cpu" else super().forward(ids)
         dtype = self.rows_dtype
         return rows if dtype is None or rows.dtype == dtype else rows.to(dtype)
 
@@ -43,6 +48,21 @@ def rows_in(root: nn.Module, dtype: torch.dtype) -> None:
     for module in root.modules():
         if isinstance(module, LookupTable):
             module.rows_dtype = dtype
+
+
+def rows_by_reads(root: nn.Module, files: TensorFiles) -> int:
+    """Make every CPU ``LookupTable`` under ``root`` (named as in the checkpoint) read its rows from
+    ``files`` when looked up (``checkpoint.FileRows``); returns how many."""
+    count = 0
+    for name, module in root.named_modules():
+        if not isinstance(module, LookupTable) or module.weight.device.type != "cpu":
+            continue
+        stored = files.tensors.get(f"{name}.weight")
+        if stored is None or stored.shape != tuple(module.weight.shape) or stored.dtype != module.weight.dtype:
+            continue
+        module.rows_from = files.rows(stored.name)
+        count += 1
+    return count
 
 
 class TalkerBackbone(DecoderStack):
