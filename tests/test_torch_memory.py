@@ -33,6 +33,19 @@ def _anon_mib() -> float:
     raise AssertionError("no RssAnon in /proc/self/status")
 
 
+def _resident_kib(path: Path) -> int:
+    """KiB of ``path``'s mappings resident in this process (``/proc/self/smaps``)."""
+    real, total, inside = str(path.resolve()), 0, False
+    with open("/proc/self/smaps", encoding="ascii", errors="replace") as fh:
+        for line in fh:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                inside = len(head) > 5 and head[5] == real
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
 @LINUX
 def test_a_cpu_kv_cache_is_resident_only_where_written() -> None:
     """The released talker's shapes, 2048 positions: 470 MB of keys and values, of which a
@@ -103,62 +116,49 @@ def test_no_reader_sees_an_unwritten_cache_position(kernels: str, quantization: 
             assert torch.equal(a, b)
 
 
-def test_codebook_sums_are_not_kept_beside_their_tables() -> None:
-    """The decoder computes its codebook tables at load and keeps the tables alone (the parameters
-    become the table and ones, which give the same table)."""
+def test_codebook_rows_are_read_from_the_file_when_looked_up() -> None:
+    """On the CPU the decoder keeps no codebook table: each looked-up row is read from the file's
+    stored sums and divided by its usage, the values the table holds; nothing of the file stays
+    resident. Where tables are computed (other devices), the sums are not kept beside them."""
+    from safetensors.torch import load_file
+
     from s2s_daemon.tts.torch_qwen3.codec import CodecDecoder, _Codebook
 
     decoder = CodecDecoder.from_folder(CV / "speech_tokenizer")
     books = [m for m in decoder.modules() if isinstance(m, _Codebook)]
-    assert books
-    for book in books:
-        assert book.embedding_sum.data_ptr() == book.table().data_ptr()  # one tensor, not two
-        assert torch.equal(book.cluster_usage, torch.ones_like(book.cluster_usage))
-    raw = _Codebook(*books[0].embedding_sum.shape)
-    from safetensors.torch import load_file
-
+    assert books and all(book.rows_from is not None and book._table is None for book in books)
+    assert decoder.stream().push(torch.randint(0, 64, (3, 16))).abs().sum() > 0
+    assert _resident_kib(CV / "speech_tokenizer" / "model.safetensors") == 0  # before load_file maps it whole
     stored = load_file(str(CV / "speech_tokenizer" / "model.safetensors"))
     key = "decoder.quantizer.rvq_first.vq.layers.0._codebook"
-    raw.embedding_sum.data = stored[f"{key}.embedding_sum"].float()  # loaded in the decoder's dtype
+    raw = _Codebook(*books[0].embedding_sum.shape)
+    raw.embedding_sum.data = stored[f"{key}.embedding_sum"].float()  # as loaded in the decoder's dtype
     raw.cluster_usage.data = stored[f"{key}.cluster_usage"].float()
-    assert torch.equal(books[0].table(), raw.table())
-    assert books[0].table().grad_fn is None  # no graph keeps the read sums alive
-    assert decoder.stream().push(torch.zeros(3, 16, dtype=torch.long)).abs().sum() > 0
+    codes = torch.tensor([[0, 5, raw.embedding_sum.shape[0] - 1, 5]])
+    looked_up = books[0].lookup(codes)
+    assert looked_up.dtype == torch.float32
+    assert torch.equal(looked_up, torch.nn.functional.embedding(codes, raw.table()))
+
+    raw.compact()  # the path of a decoder on another device
+    assert raw.embedding_sum.data_ptr() == raw.table().data_ptr()  # one tensor, not two
+    assert torch.equal(raw.cluster_usage, torch.ones_like(raw.cluster_usage))
+    assert torch.equal(raw.lookup(codes), looked_up) and raw.table().grad_fn is None
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads /proc/self/maps (Linux)")
-def test_the_decoders_small_tensors_are_read_not_mapped() -> None:
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="reads /proc/self/smaps (Linux)")
+def test_the_decoder_keeps_nothing_of_its_file_resident() -> None:
     """A view of a small tensor (a bias, a norm) would keep up to 64 KiB of the file around it
-    resident (the kernel's fault-around): the decoder reads those into buffers of its own."""
+    resident (the kernel's fault-around): the decoder reads those into buffers of its own, and its
+    codebooks' rows when looked up."""
     from s2s_daemon.tts.torch_qwen3 import codec
 
-    path = (CV / "speech_tokenizer" / "model.safetensors").resolve()
+    path = CV / "speech_tokenizer" / "model.safetensors"
     # in the fixture's stored dtype, so that tensors used as stored are not cast (a cast is a read)
     decoder = codec.CodecDecoder.from_folder(CV / "speech_tokenizer", dtype=torch.bfloat16)
-    ranges = []
-    with open("/proc/self/maps", encoding="ascii", errors="replace") as fh:
-        for line in fh:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].strip() == str(path):
-                ranges.append(tuple(int(x, 16) for x in fields[0].split("-")))
-    tensors = [*decoder.parameters(), *decoder.buffers()]
-    small = [t for t in tensors if t.numel() * t.element_size() < codec.VIEW_MIN_BYTES]
+    small = [t for t in decoder.parameters() if t.numel() * t.element_size() < codec.VIEW_MIN_BYTES]
     assert small
-    mapped = [tuple(t.shape) for t in small if any(lo <= t.data_ptr() < hi for lo, hi in ranges)]
-    assert not mapped, f"views of the file: {mapped}"
-
-
-def _resident_kib(path: Path) -> int:
-    """KiB of ``path``'s mappings resident in this process (``/proc/self/smaps``)."""
-    real, total, inside = str(path.resolve()), 0, False
-    with open("/proc/self/smaps", encoding="ascii", errors="replace") as fh:
-        for line in fh:
-            head = line.split()
-            if "-" in head[0] and not head[0].endswith(":"):
-                inside = len(head) > 5 and head[5] == real
-            elif inside and head[0] == "Rss:":
-                total += int(head[1])
-    return total
+    assert decoder.stream().push(torch.randint(0, 64, (3, 16))).abs().sum() > 0
+    assert _resident_kib(path) == 0
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="reads /proc/self/smaps (Linux)")

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from s2s_daemon.tts.torch_qwen3.checkpoint import FileRows, TensorFiles
 from s2s_daemon.tts.torch_qwen3.layers import apply_rope, no_weight_init
 
 log = structlog.get_logger(__name__)
@@ -638,6 +639,21 @@ class _Codebook(nn.Module):
         self.cluster_usage = nn.Parameter(torch.ones(size))
         self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
         self._table: Tensor | None = None
+        self.rows_from: FileRows | None = None
+        """On the CPU (``_read_decoder``): the stored sums, read row by row when looked up, each row
+        divided by its usage as ``table`` divides it; ``embedding_sum`` is then an untouched view of
+        the file. The 16 tables of the released decoder are 32 MiB in float32, and a push looks up
+        16 rows a frame. None: ``table`` is computed once (``compact``) and looked up."""
+        self.rows_dtype: torch.dtype = torch.float32
+        """The dtype of the rows ``lookup`` gives with ``rows_from`` (the decoder's)."""
+
+    def lookup(self, codes: Tensor) -> Tensor:
+        """The centroids of ``codes`` (``F.embedding(codes, self.table())``)."""
+        source = self.rows_from
+        if source is None or codes.device.type != "cpu":
+            return F.embedding(codes, self.table())
+        usage = self.cluster_usage.float().clamp(min=1e-5)
+        return (source.take(codes).float() / usage[codes].unsqueeze(-1)).to(self.rows_dtype)
 
     def compact(self) -> None:
         """Compute the table now and keep only it: ``embedding_sum`` becomes the table and
@@ -686,7 +702,7 @@ class _RVQ(nn.Module):
         total: Tensor | None = None
         for i, layer in enumerate(self.vq.layers):
             assert isinstance(layer, _VQ)
-            q = F.embedding(codes[:, i], layer._codebook.table())
+            q = layer._codebook.lookup(codes[:, i])
             total = q if total is None else total + q
         assert total is not None
         out: Tensor = self.output_proj(total.transpose(1, 2))
@@ -762,9 +778,13 @@ class CodecDecoder(nn.Module):
         sample_rate = int(raw.get("output_sample_rate", 24000))
         with no_weight_init(), torch.device("meta"):
             model = cls(cfg, sample_rate)
-        state = _read_decoder(folder / "model.safetensors", model, torch.device(device), dtype, weights or dtype)
+        state, rows = _read_decoder(folder / "model.safetensors", model, torch.device(device), dtype, weights or dtype)
         model.load_state_dict(state, strict=True, assign=True)
         del state
+        for name, source in rows.items():
+            book = model.get_submodule(name)
+            assert isinstance(book, _Codebook)
+            book.rows_from, book.rows_dtype = source, dtype
         inv_freq = model.pre_transformer.inv_freq  # float32; a cast would round it
         model = model.to(device=device).eval()  # _read_decoder gave every tensor its dtype
         if model._device().type == "cpu":
@@ -772,7 +792,7 @@ class CodecDecoder(nn.Module):
                 if isinstance(module, (CausalConv1d, CausalConvTranspose1d)):
                     module.relayout()
         for module in model.modules():
-            if isinstance(module, _Codebook):
+            if isinstance(module, _Codebook) and module.rows_from is None:
                 module.compact()
         model.pre_transformer.inv_freq = inv_freq.to(device)
         model.requires_grad_(False)
@@ -971,9 +991,10 @@ def matrix_weights(model: CodecDecoder) -> set[str]:
 
 def _read_decoder(
     path: Path, model: CodecDecoder, device: torch.device, dtype: torch.dtype, weights: torch.dtype
-) -> dict[str, Tensor]:
-    """The ``decoder.*`` tensors of a speech-tokenizer file, prefix removed, for ``model`` (on meta),
-    in ``dtype`` (``matrix_weights`` in ``weights``).
+) -> tuple[dict[str, Tensor], dict[str, FileRows]]:
+    """(the ``decoder.*`` tensors of a speech-tokenizer file, prefix removed, for ``model`` (on meta),
+    in ``dtype`` (``matrix_weights`` in ``weights``); on the CPU, the codebooks' sums as rows read
+    when looked up, by codebook module name: ``_Codebook.rows_from``).
 
     Tensors used as stored are views of the file's mapping (pages read when first used); those
     that loading converts (cast, moved to another device, relaid by the convs' ``relayout``, the
@@ -984,7 +1005,6 @@ def _read_decoder(
     around it (``fault_around_bytes``, 64 KiB), so a view of each 1 KiB bias and norm kept 44 MiB
     of the file resident in all.
     """
-    from s2s_daemon.tts.torch_qwen3.checkpoint import TensorFiles
 
     prefix = "decoder."
     # inv_freq is derived, never needed
@@ -997,10 +1017,15 @@ def _read_decoder(
     }
     matrices = matrix_weights(model) if weights != dtype else set()
     out: dict[str, Tensor] = {}
+    rows: dict[str, FileRows] = {}
     try:
         for key, stored in files.tensors.items():
             name = key[len(prefix) :]
             target = weights if name in matrices else dtype
+            if name.endswith("._codebook.embedding_sum") and device.type == "cpu" and len(stored.shape) == 2:
+                out[name] = files.view(key)  # never touched: its rows are read when looked up
+                rows[name.removesuffix(".embedding_sum")] = files.rows(key)
+                continue
             cast = stored.dtype.is_floating_point and stored.dtype != target
             codebook = name.endswith(("._codebook.embedding_sum", "._codebook.cluster_usage"))
             converted = name in relaid or codebook or device.type != "cpu" or cast
@@ -1009,4 +1034,4 @@ def _read_decoder(
             del t
     finally:
         files.close()
-    return out
+    return out, rows
