@@ -281,7 +281,7 @@ def main() -> int:
         return 0
     doc = doc_target(args)
     chosen = [s for s in SIDES if s.name in args.sides.split(",")]
-    print(machine_line(f"threads {args.threads}", f"{args.frames} frames", f"{args.rounds} rounds",
+    print(machine_line(f"threads {args.threads}", f"{args.frames} frames", f"{args.rounds} round(s)",
                        f"model {args.model}"), flush=True)  # fmt: skip
     if gone := missing(args):
         print("not prepared (run scripts/peers_prep.sh SCRATCH CKPT first): " + ", ".join(gone), file=sys.stderr)
@@ -308,16 +308,17 @@ def main() -> int:
                   flush=True)  # fmt: skip
     header, rows = table(results)
     print()
-    print(machine_line(f"median of {args.rounds} rounds"))
+    print(machine_line(f"median of {args.rounds} round(s)"))
     print(markdown_table(header, rows))
     complete = len(chosen) == len(SIDES) and all(len(results.get(s.name, [])) == args.rounds for s in SIDES)
     if doc is not None and complete:
+        rounds = f"{args.rounds} round{'s' if args.rounds != 1 else ''}"
         notes = (
-            f"One fresh process per run, interleaved (ours int8, GGML Q8_0, ours int4, GGML Q4_K_M, vox-tts q8),"
-            f" {args.rounds} rounds, medians; {args.threads} threads each, the same random 0.6B CustomVoice checkpoint,"
-            f" text, speaker and seed. Steady: (T(3N/4) - T(N/4)) / frames between of an N = {args.frames}-frame"
-            " stream call (real time is 0.080 s a frame); first chunk: the second stream call, one frame where the"
-            " runtime lets us choose (GGML streams in cpu_stream_frames 2); peak RSS: ru_maxrss. GGML:"
+            "One fresh process per run, interleaved (ours int8, GGML Q8_0, ours int4, GGML Q4_K_M, vox-tts q8),"
+            f" {rounds}, medians; {args.threads} threads each, the same random 0.6B CustomVoice checkpoint, text,"
+            f" speaker and seed. Steady: (T(3N/4) - T(N/4)) / frames between of an N = {args.frames}-frame stream"
+            " call (real time is 0.080 s a frame); first chunk: the second stream call, one frame where the runtime"
+            " lets us choose (GGML streams in cpu_stream_frames 2); peak RSS: ru_maxrss. GGML:"
             " realtimetts-qwen-native-cpu 0.4.2, GGUF files from qwentts.cpp's convert.py and tools/quantize;"
             " vox-tts 0.19.5, python -m vox build --dtype bf16 --quant q8. Prepared by scripts/peers_prep.sh."
         )
