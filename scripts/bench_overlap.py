@@ -11,17 +11,20 @@ over the frames after the first chunk). Prints the medians, overlap's ratio to i
 and whether the audio is the same (largest difference: none with the float32 decoder; with the
 bfloat16 one a push on fewer threads may round a sum the other way). Run it on a quiet machine:
 with a busy neighbour on one core, a thread per part makes the parts wait for each other. OpenMP
-teams that spin while idle (``OMP_WAIT_POLICY``, the engine's thread policy) keep a core from the
-other part: run it under the policy the daemon runs with, and under ``PASSIVE`` to compare.
+teams that spin while idle keep a core from the other part: it runs under the wait the daemon sets
+(``tts/threads.py``: a short spin) unless ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set, to compare.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's package, not an installed one
 
 TEXT = "Hello there, this is a short test of the speech synthesis system, spoken one word at a time."
 
@@ -73,8 +76,10 @@ def main() -> int:
         info = engine.load_blocking()
         engine.warmup_blocking()
         engines[name] = engine
-    policy = os.environ.get("OMP_WAIT_POLICY", "unset")
-    print(machine_line(f"{args.threads} threads", f"OMP_WAIT_POLICY {policy}", args.quantization,
+    from s2s_daemon.tts.threads import wait_policy
+
+    policy = wait_policy()  # the daemon's short spin unless the environment sets a wait
+    print(machine_line(f"{args.threads} threads", f"OpenMP wait {policy}", args.quantization,
                        f"codec {args.codec_dtype}", f"{args.frames} frames, chunks of {args.chunk}",
                        f"{args.rounds} rounds"))  # fmt: skip
     request = SynthesisRequest(text=TEXT, voice=info.voices[0] if info.voices else None, language="english",
@@ -110,7 +115,7 @@ def main() -> int:
     if doc is not None:
         header = ["codec", "first chunk ms", "steady ms a frame", "steady / in line, run by run"]
         notes = f"{args.threads} threads, {args.quantization}, codec {args.codec_dtype}, {args.frames} frames in"
-        notes += f" chunks of {args.chunk}, median of {args.rounds} rounds; OMP_WAIT_POLICY {policy}."
+        notes += f" chunks of {args.chunk}, median of {args.rounds} rounds; OpenMP wait {policy}."
         doc.publish("The codec beside the talker (codec_overlap)", markdown_table(header, table, "lrrr"), notes)
     for engine in engines.values():
         engine.close_blocking()
