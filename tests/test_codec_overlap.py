@@ -117,7 +117,7 @@ def test_an_error_of_a_push_on_the_worker_reaches_the_caller(monkeypatch: pytest
 def test_chunks_come_out_in_order_and_a_stream_is_pushed_by_one_thread_at_a_time() -> None:
     """Slow and fast pushes on the worker: ``ready`` hands them out in submission order, and no two
     pushes of the stream overlap."""
-    worker = CodecWorker(threads=1, total=2)
+    worker = CodecWorker(threads=1)
     active = {"n": 0, "most": 0}
     lock = threading.Lock()
     gate = threading.Event()
@@ -135,7 +135,7 @@ def test_chunks_come_out_in_order_and_a_stream_is_pushed_by_one_thread_at_a_time
     queue = ChunkQueue(decode, object(), worker)
     try:
         queue.push([torch.tensor(0)])
-        assert worker.busy() and worker.talker_threads() == 1
+        assert worker.busy() and worker.talker_threads(2) == 1
         assert queue.ready() == []
         gate.set()
         for i in range(1, 6):
@@ -143,6 +143,41 @@ def test_chunks_come_out_in_order_and_a_stream_is_pushed_by_one_thread_at_a_time
         got = [int(c[0]) for c in queue.drain()]
         assert got == [0, 1, 2, 3, 4, 5]
         assert active["most"] == 1
-        assert not worker.busy() and worker.talker_threads() == 2
+        assert not worker.busy() and worker.talker_threads(2) == 2
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize(("threads", "now", "on_the_worker"), [("2", 2, True), ("2", 1, False), ("1", 1, False)])
+def test_auto_takes_the_codec_thread_only_with_two_threads_in_force(threads: str, now: int, on_the_worker: bool,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The default ``auto``: with two threads in force (a quiet box) chunks after the first are
+    decoded on the codec's thread; with one (the watch's count beside a busy process, ``now``, or
+    one fixed) in line."""
+    options = EngineOptions(model=str(CV), device="cpu", dtype="float32",
+                            extra={"threads": threads, "max_frames": "14", "prepared_cache": "0",
+                                   "codec_dtype": "float32"})  # fmt: skip
+    engine = TorchQwen3Engine(options)
+    engine.load_blocking()
+    try:
+        submitted = []
+        worker = engine.codec_worker  # none where one thread is fixed; else made once, used per utterance
+        if worker is not None:
+            submit = worker.submit
+            monkeypatch.setattr(worker, "submit", lambda *a: submitted.append(1) or submit(*a))
+        assert (worker is not None) == (threads == "2")
+        assert engine.threads is not None
+        monkeypatch.setattr(engine.threads, "threads", now)
+        chunks = _chunks(engine)
+        assert len(chunks) > 3
+        assert bool(submitted) == on_the_worker
+    finally:
+        engine.close_blocking()
+
+
+def test_an_unknown_overlap_value_is_refused_naming_the_option() -> None:
+    from s2s_daemon.tts.engine import EngineError
+
+    options = EngineOptions(model=str(CV), device="cpu", dtype="float32", extra={"codec_overlap": "sometimes"})
+    with pytest.raises(EngineError, match="codec_overlap 'sometimes' is not one of auto, on, off"):
+        TorchQwen3Engine(options).load_blocking()

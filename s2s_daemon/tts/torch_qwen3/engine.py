@@ -169,6 +169,8 @@ class TorchQwen3Engine:
         """Codec streams that decoded a reference's frames (``REF_STREAMS``), by the frames' shape and digest."""
         self.codec_worker: CodecWorker | None = None
         """The codec's own thread (``extra['codec_overlap']``, ``overlap.py``); None: decoded in line."""
+        self._overlap = "off"
+        """``_overlap_mode()`` where ``codec_worker`` is set: ``on`` or ``auto``."""
         self.folder: Path | None = None
         self.device = torch.device("cpu")
         self.dtype = torch.float32
@@ -181,8 +183,22 @@ class TorchQwen3Engine:
         value = self.options.extra.get(key)
         return int(value) if value not in (None, "") else None
 
-    def _flag(self, key: str) -> bool:
-        return str(self.options.extra.get(key) or "").strip().lower() in ("1", "true", "yes", "on")
+    def _overlap_mode(self) -> str:
+        """``extra['codec_overlap']``: ``auto`` (the default: the codec on its own thread for an
+        utterance that starts with two threads or more, in line when the engine runs one, as beside
+        a busy process), ``on`` (always) or ``off``; EngineError for another value."""
+        value = str(self.options.extra.get("codec_overlap") or "auto").strip().lower()
+        if value in ("1", "true", "yes", "on"):
+            return "on"
+        if value in ("0", "false", "no", "off"):
+            return "off"
+        if value != "auto":
+            raise EngineError(f"tts.options.codec_overlap {value!r} is not one of auto, on, off")
+        return value
+
+    def _threads_now(self) -> int:
+        """The engine thread's intra-op threads in force (``ThreadPolicy``'s count on the CPU)."""
+        return self.threads.threads if self.threads is not None else torch.get_num_threads()
 
     def _text_streaming(self, mode: str) -> bool:
         """Official defaults: text fed step by step only for Base; ``extra['text_streaming']`` overrides."""
@@ -201,6 +217,7 @@ class TorchQwen3Engine:
         device = pick_device(self.options.device)
         self._start_threads(device)
         quantization, kernels = self._kernel_options(device)
+        overlap = self._overlap_mode()
         # The checkpoint is found and its configs and tokenizer read before the native kernels are
         # (built and) loaded: a wrong tts.model fails in seconds, not after a minute of compiling.
         folder = resolve_checkpoint(self.options.model, self.options.revision)
@@ -231,9 +248,13 @@ class TorchQwen3Engine:
             from s2s_daemon.tts.torch_qwen3.graphs import CudaGraphSteps
 
             runtime.graphs = CudaGraphSteps()
-        if device.type == "cpu" and self._flag("codec_overlap"):
-            total = torch.get_num_threads()
-            self.codec_worker = CodecWorker(threads=max(1, total // 2), total=total)
+        policy = self.threads
+        ceiling = (policy.fixed or policy.default) if policy is not None else torch.get_num_threads()
+        if device.type == "cpu" and (overlap == "on" or (overlap == "auto" and ceiling >= 2)):
+            self.codec_worker = CodecWorker(threads=max(1, ceiling // 2))
+            self._overlap = overlap
+        log.info("codec_overlap", mode=overlap, worker=self.codec_worker is not None,
+                 codec_threads=self.codec_worker.threads if self.codec_worker is not None else None)  # fmt: skip
         self.cfg, self.gen, self.runtime, self.tokenizer = cfg, gen, runtime, tokenizer
         self.folder, self.device, self.dtype = folder, device, dtype
         self.info = EngineInfo(
@@ -609,7 +630,7 @@ class TorchQwen3Engine:
         """With the codec on its own thread: this thread's intra-op threads for its next step, the
         cores a running codec push leaves, or all of them."""
         if self.codec_worker is not None:
-            set_threads(self.codec_worker.talker_threads())
+            set_threads(self.codec_worker.talker_threads(self._threads_now()))
 
     @torch.inference_mode()
     def _open(
@@ -628,7 +649,10 @@ class TorchQwen3Engine:
         first = max(1, min(chunk, self._extra_int("first_chunk_frames") or FIRST_CHUNK_FRAMES))
         stream = self._codec_stream(ref_codes)
         options = DecodeOptions(max_frames=budget, greedy=request.greedy, seed=request.seed)
-        synthesis = Synthesis(stream, first, chunk, budget, should_stop, self.codec_worker)
+        worker = self.codec_worker
+        if worker is not None and self._overlap == "auto" and self._threads_now() < 2:
+            worker = None  # one thread in force (a busy neighbour): a second would take from the talker
+        synthesis = Synthesis(stream, first, chunk, budget, should_stop, worker)
         if batched:
             if not should_stop():
                 synthesis.sequence = runtime.start(prompt, options)

@@ -43,11 +43,9 @@ def set_threads(threads: int) -> None:
 class CodecWorker:
     """One thread running codec pushes in the order submitted, with ``threads`` intra-op threads."""
 
-    def __init__(self, threads: int, total: int) -> None:
+    def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
         """Intra-op threads of a push."""
-        self.total = max(1, total)
-        """Intra-op threads of the engine thread when the codec is idle."""
         self._pool = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="s2s.codec", initializer=set_threads, initargs=(self.threads,)
         )
@@ -69,10 +67,10 @@ class CodecWorker:
         with self._lock:
             return self._running > 0
 
-    def talker_threads(self) -> int:
-        """Intra-op threads for the engine thread's next step: the cores the codec leaves while it
-        runs, all of them when it is idle."""
-        return max(1, self.total - self.threads) if self.busy() else self.total
+    def talker_threads(self, total: int) -> int:
+        """Intra-op threads for the engine thread's next step, of the ``total`` the engine has now:
+        the cores the codec leaves while it runs, all of them when it is idle."""
+        return max(1, total - self.threads) if self.busy() else total
 
     def close(self) -> None:
         """Wait for the pushes submitted, then end the thread."""
