@@ -121,9 +121,9 @@ VIEW_MIN_BYTES = 1 << 20
 
 LOW_COLUMNS_BYTES = 1 << 20
 """Bytes of bfloat16 columns one product of a bfloat16-weight conv takes at a time (``_low_conv``).
-A streamed push's last stages stack up to 10 MiB of taps at once otherwise; freed, such blocks
-stay in the process's heap. Blocks of 1 MiB cost no speed (a push of 4 frames timed with blocks of
-0.5-16 MiB alike) and keep every product's columns in the cache."""
+A streamed push's last stages would stack up to 10 MiB of taps at once, and glibc keeps such freed
+blocks in the heap: smaller blocks lower the peak RSS and cost the products a little speed, which
+the codec's own thread (``codec_overlap``) mostly hides; the memory was chosen."""
 
 
 def _takes_native_gemm(weight: Tensor, bias: Tensor | None) -> bool:
