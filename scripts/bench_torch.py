@@ -229,6 +229,9 @@ def main() -> int:
     add_doc_arguments(parser, "torch")
     args = parser.parse_args()
     if args.child:
+        from s2s_daemon.tts.threads import prepare_openmp
+
+        prepare_openmp()  # the daemon's OpenMP wait, set before run_one imports torch
         print(json.dumps(run_one(args.model, args.child, args.frames, args.threads)))
         return 0
     doc = doc_target(args)
@@ -270,7 +273,9 @@ def main() -> int:
             " the same sentence again, the text streamed); audio_fps: codec frames a second with audio decoding"
             " (real time is 12.5); ms_per_frame: talker and code predictor alone; floor_ms: the weights a frame"
             " reads over the read bandwidth. qwentts_cpp_ms: qwentts.cpp (GGML) quoted from the project's peers"
-            " notes (2026-12-01, a 2-core AMD EPYC with AVX2), not run here.",
+            " notes (2026-12-01, a 2-core AMD EPYC with AVX2), not run here (scripts/bench_peers.py runs it"
+            " beside ours). Each child under the daemon's OpenMP wait and its other defaults (codec_dtype,"
+            " codec_overlap).",
         )
     return 0
 
