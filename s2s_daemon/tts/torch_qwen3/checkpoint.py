@@ -319,13 +319,14 @@ def check_tensors(weights: nn.Module, ck: TensorFiles) -> None:
             raise CheckpointError(f"tensor {name} has shape {ck.tensors[name].shape}, config implies {shape}")
 
 
-def load_weights(module: nn.Module, folder: Path, device: torch.device, dtype: torch.dtype | None) -> None:
+def load_weights(module: nn.Module, folder: Path, device: torch.device, dtype: torch.dtype | None) -> TensorFiles:
     """Load the talker tensors into ``module`` (built on the meta device) with exact name and shape checks.
 
     ``dtype`` None keeps every tensor in the checkpoint's dtype. Tensors are read one at a time
     into buffers of their own (``TensorFiles.read``) and converted, so the peak holds one copy of
     the model plus one tensor; only ``STORED_DTYPE_TABLES`` stay views of the file (on the CPU).
     The native CPU path does not come here: ``prepared.load_talker`` packs linear by linear.
+    Returns the files read (their headers: ``talker.rows_by_reads`` reads the tables' rows from them).
     """
     files = TensorFiles(weight_files(folder), lambda name: not name.startswith(IGNORED_PREFIXES))
     check_tensors(module, files)
@@ -339,6 +340,7 @@ def load_weights(module: nn.Module, folder: Path, device: torch.device, dtype: t
     finally:
         files.close()
     module.load_state_dict(state, strict=True, assign=True)
+    return files
 
 
 def cast_floating(module: nn.Module, dtype: torch.dtype) -> None:

@@ -646,13 +646,17 @@ class _Codebook(nn.Module):
         16 rows a frame. None: ``table`` is computed once (``compact``) and looked up."""
         self.rows_dtype: torch.dtype = torch.float32
         """The dtype of the rows ``lookup`` gives with ``rows_from`` (the decoder's)."""
+        self._usage: Tensor | None = None
+        """``cluster_usage`` in float32, clamped as ``table`` clamps it (``lookup``, first call)."""
 
     def lookup(self, codes: Tensor) -> Tensor:
         """The centroids of ``codes`` (``F.embedding(codes, self.table())``)."""
         source = self.rows_from
         if source is None or codes.device.type != "cpu":
             return F.embedding(codes, self.table())
-        usage = self.cluster_usage.float().clamp(min=1e-5)
+        usage = self._usage
+        if usage is None:
+            usage = self._usage = self.cluster_usage.detach().float().clamp(min=1e-5)
         return (source.take(codes).float() / usage[codes].unsqueeze(-1)).to(self.rows_dtype)
 
     def compact(self) -> None:
@@ -1002,8 +1006,8 @@ def _read_decoder(
     one at a time, so the mapping's pages of their stored form never become resident beside the
     converted copy, and no second copy of the decoder is ever whole. Tensors smaller than
     ``VIEW_MIN_BYTES`` are read too: a fault on a mapping makes the kernel map the cached pages
-    around it (``fault_around_bytes``, 64 KiB), so a view of each 1 KiB bias and norm kept 44 MiB
-    of the file resident in all.
+    around it (``fault_around_bytes``, 64 KiB), so a view of each small bias and norm would keep
+    up to 64 KiB of the file resident.
     """
 
     prefix = "decoder."

@@ -41,13 +41,7 @@ from s2s_daemon.tts.engine import (
 )
 from s2s_daemon.tts.threads import ThreadPolicy
 from s2s_daemon.tts.torch_qwen3 import memory
-from s2s_daemon.tts.torch_qwen3.checkpoint import (
-    TensorFiles,
-    keeps_stored_dtype,
-    load_weights,
-    resolve_checkpoint,
-    weight_files,
-)
+from s2s_daemon.tts.torch_qwen3.checkpoint import load_weights, resolve_checkpoint
 from s2s_daemon.tts.torch_qwen3.clone_cache import ClonePrompt, ClonePromptCache
 from s2s_daemon.tts.torch_qwen3.config import (
     GenerationSettings,
@@ -301,11 +295,11 @@ class TorchQwen3Engine:
         """The talker for torch's own kernels: float weights in ``dtype``, or FBGEMM int8 linears."""
         with no_weight_init(), torch.device("meta"):
             weights = Qwen3TtsWeights(cfg.talker)
-        load_weights(weights, folder, device, dtype)
+        files = load_weights(weights, folder, device, dtype)
         weights.eval()
         weights.requires_grad_(False)
         rows_in(weights, dtype)
-        rows_by_reads(weights, TensorFiles(weight_files(folder), keeps_stored_dtype))
+        rows_by_reads(weights, files)
         fuse_projections(weights)
         if weight_format == "int8":
             from s2s_daemon.tts.torch_qwen3.quant import quantize_linears
