@@ -249,6 +249,21 @@ async def test_queue_full(tmp_path: Path, mosquitto: Mosquitto) -> None:
         assert (await rec.wait_finished(["later"]))["later"]["status"] == "completed"
 
 
+async def test_an_interrupt_rejected_queue_full_interrupts_nothing(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """Issue 41 item 3, as the issue tried it: ``queue.max_pending: 1``, a0 speaking, a1 queued."""
+    config = cfg(tmp_path, mosquitto, queue={"max_pending": 1}, tts={"options": {"speed": "1"}})
+    async with recorder(mosquitto.port) as rec, daemon_in_process(config):
+        await online(rec)
+        await rec.say(SAY, {"id": "a0", "text": "A long sentence that is still speaking."})  # 1.6 s
+        await rec.wait_for(lambda: [p for p in rec.payloads("/tts/started") if p["id"] == "a0"])
+        await rec.say(SAY, {"id": "a1", "text": "Queued."})
+        await rec.say(SAY, {"id": "i-full", "text": "Interrupt when full.", "interrupt": True})
+        fin = await rec.wait_finished(["i-full", "a0", "a1"], timeout_s=20)
+        assert fin["i-full"]["status"] == "rejected"
+        assert fin["i-full"]["error"] == {"code": "queue_full", "message": "1 request is already waiting"}
+        assert fin["a0"]["status"] == "completed" and fin["a1"]["status"] == "completed", fin
+
+
 async def test_engine_error_is_reported_and_daemon_continues(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto)):
         await online(rec)

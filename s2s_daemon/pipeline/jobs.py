@@ -272,10 +272,12 @@ class Ledger:
             return self.reject(request, ErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
         if not self._remember(request.id):
             return self.reject(request, ErrorCode.DUPLICATE, f"request id {request.id!r} was already received")
-        if request.interrupt:
-            self.stop_current()
         if not self.queue.offer(request, front=request.interrupt):
-            return self.reject(request, ErrorCode.QUEUE_FULL, f"{len(self.queue)} requests are already waiting")
+            waiting = len(self.queue)
+            message = f"{waiting} {'request is' if waiting == 1 else 'requests are'} already waiting"
+            return self.reject(request, ErrorCode.QUEUE_FULL, message)  # and has no effect: nothing is stopped
+        if request.interrupt:  # once it is queued: a rejected interrupt stops nothing
+            self.stop_current()
         job = Job(request, Timeline(received=request.received_at))
         self.jobs[request.id] = job
         log.debug("request_queued", request_id=request.id, queue=len(self.queue))
