@@ -199,6 +199,37 @@ async def test_metrics_count_what_the_requests_did(tmp_path: Path, mosquitto: Mo
     assert families["s2s_queue_depth"] == "gauge" and families["s2s_journal_commit_seconds"] == "histogram"
 
 
+async def test_a_local_model_is_one_name_everywhere(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """Issue 41 item 13: a local checkpoint is its folder's name in ``info``, the latency event,
+    ``s2s_build_info``, the page's status, ``/v1/models`` and Home Assistant's device: never its path."""
+    folder = tmp_path / "checkpoints" / "my-voice-model"
+    folder.mkdir(parents=True)
+    monitor, api = free_port(), free_port()
+    config = write_config(
+        tmp_path / "daemon.yaml",
+        mosquitto.port,
+        tts={"model": str(folder)},
+        monitor={"enabled": True, "port": monitor},
+        http={"enabled": True, "port": api},
+        ha={"discovery": True},
+    )
+    async with recorder(mosquitto.port, subscribe=("s2s/#", "homeassistant/#")) as rec, daemon_in_process(config):
+        await wait_ready(api)
+        await rec.say(SAY, {"id": "named", "text": "which model speaks"})
+        await rec.wait_for(lambda: [p for p in rec.payloads("/metrics/latency") if p["id"] == "named"])
+        info = rec.payloads("/kitchen/info")[-1]
+        latency = next(p for p in rec.payloads("/metrics/latency") if p["id"] == "named")
+        build = dict(next(labels for (name, labels) in samples((await scrape(monitor))[1]) if name == "s2s_build_info"))
+        _, status = await curl(f"http://127.0.0.1:{api}/api/status")
+        _, models = await curl(f"http://127.0.0.1:{api}/v1/models")
+        device = next(m.json()["device"] for m in rec.messages if m.topic.startswith("homeassistant/") and m.payload)
+    assert status is not None and models is not None
+    assert info["model"] == latency["model"] == build["model"] == status["engine"]["model"] == "my-voice-model"
+    assert models["data"][0]["id"] == "my-voice-model"
+    assert device["model"] == "my-voice-model (tone)"
+    assert str(tmp_path) not in json.dumps([info, latency, build, status, models, device])
+
+
 async def test_memory_has_a_figure_from_the_start(tmp_path: Path, mosquitto: Mosquitto) -> None:
     port = free_port()
     config = write_config(
