@@ -24,6 +24,7 @@ from s2s_daemon.app import Daemon
 from s2s_daemon.config import load_config
 from s2s_daemon.errors import ConfigError, UnavailableError
 from s2s_daemon.events.metrics import DaemonMetrics
+from s2s_daemon.events.publisher import latency_payload
 from s2s_daemon.events.readiness import Phase, Readiness
 from s2s_daemon.intake.http import require_monitor_extra
 from s2s_daemon.pipeline.jobs import Job, Timeline
@@ -247,9 +248,9 @@ async def test_memory_has_a_figure_from_the_start(tmp_path: Path, mosquitto: Mos
 # -- units ---------------------------------------------------------------------------------------------
 
 
-def _job(origin: str, status: Status, underruns: int = 0) -> Job:
+def _job(origin: str, status: Status, underruns: int = 0, underrun_ms: float = 0.0) -> Job:
     tl = Timeline(received=10.0, dequeued=10.0, synth_started=10.0, first_chunk=10.1, synth_done=10.5)
-    tl.first_sample_out, tl.audio_s, tl.underruns = 10.25, 2.0, underruns
+    tl.first_sample_out, tl.audio_s, tl.underruns, tl.underrun_ms = 10.25, 2.0, underruns, underrun_ms
     job = Job(SayRequest("r", "text", None, "auto", "kitchen", origin=origin), tl)
     job.status = status
     return job
@@ -260,7 +261,7 @@ INFO = EngineInfo(engine="tone", model="m", device="cpu", sample_rate=24000, voi
 
 def test_a_terminal_event_fills_the_series_as_the_latency_event_has_them() -> None:
     metrics = DaemonMetrics()
-    metrics.finished(_job("wyoming", Status.COMPLETED, underruns=3), INFO)
+    metrics.finished(_job("wyoming", Status.COMPLETED, underruns=3, underrun_ms=1250.0), INFO)
     metrics.finished(_job("wyoming", Status.INTERRUPTED), INFO)
     got = samples(metrics.exposition().decode())
     assert value(got, "s2s_requests_total", intake="wyoming", status="completed") == 1
@@ -271,6 +272,9 @@ def test_a_terminal_event_fills_the_series_as_the_latency_event_has_them() -> No
     assert value(got, "s2s_real_time_factor_count", intake="wyoming") == 1  # a stopped one is not the pace
     assert value(got, "s2s_real_time_factor_sum", intake="wyoming") == pytest.approx(0.25)
     assert value(got, "s2s_underruns_total") == 3
+    assert value(got, "s2s_underrun_seconds_total") == pytest.approx(1.25)  # the silence, apart from the count
+    latency = latency_payload(_job("mqtt", Status.COMPLETED, underruns=3, underrun_ms=1250.0), INFO)
+    assert latency["underruns"] == 3 and latency["underrunMs"] == 1250.0
     metrics.memory({"rssMiB": 100.0, "peakRssMiB": 120.0, "deviceKind": "cuda", "deviceAllocatedMiB": 2.0})
     got = samples(metrics.exposition().decode())
     assert value(got, "s2s_resident_memory_bytes") == 100 * 1024 * 1024

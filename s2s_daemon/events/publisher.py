@@ -95,6 +95,7 @@ def latency_payload(job: Job, info: EngineInfo) -> dict[str, object]:
         "e2eMs": _ms(tl.last_sample_played, tl.received),
         "chunks": tl.chunks,
         "underruns": tl.underruns,
+        "underrunMs": round(tl.underrun_ms, 1),
         "prebufferMs": round(tl.prebuffer_s * 1000.0, 1),
         "streamed": req.feed is not None,
         "firstTextMs": _ms(tl.first_text, tl.received),

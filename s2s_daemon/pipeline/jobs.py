@@ -52,6 +52,9 @@ class Timeline:
     audio_s: float = 0.0
     """Seconds of audio synthesized."""
     underruns: int = 0
+    """Times the speaker ran dry mid-utterance (a run of starved device periods is one)."""
+    underrun_ms: float = 0.0
+    """Milliseconds of silence those underruns played."""
     prebuffer_s: float = 0.0
     """Audio buffered before the first sample because the engine was slower than real time."""
     played_ms: float | None = None
@@ -464,6 +467,7 @@ class Ledger:
         tl = job.timeline
         if report is not None:
             tl.underruns = report.underruns
+            tl.underrun_ms = report.underrun_ms
             if tl.first_sample_out is None and self.heard(job, report.first_sample_at):
                 tl.first_sample_out = report.first_sample_at
         if tl.first_sample_out is None:
