@@ -238,6 +238,7 @@ class Daemon:
         self.readiness.enter(Phase.DRAINING)
         self.notifier.stopping()
         log.info("draining", queued=len(wiring.pipeline.requests), timeout_s=cfg.shutdown.drain_timeout_s)
+        deadline = asyncio.get_running_loop().time() + cfg.shutdown.drain_timeout_s
         pool = wiring.pool
         if pool is not None:  # the queued pool requests go back to the pool, not cancelled
             held = pool.begin()
@@ -255,6 +256,8 @@ class Daemon:
             released = pool.release()
             log.info("pool_left", confirmed=left, handing_back=released, queued=held)
         _, pending = await asyncio.wait({tasks.tts, tasks.playback}, timeout=cfg.shutdown.drain_timeout_s)
+        if pool is not None:  # a hand-back leaves the journal once a member took it (its receipt)
+            await pool.wait_taken(deadline - asyncio.get_running_loop().time())
         if pending:
             log.warning("drain_timeout", interrupted=[j.request.id for j in ledger.jobs.values()])
             ledger.stop_all()
@@ -278,7 +281,9 @@ class Daemon:
         await wiring.link.close([wiring.events.status_message(False)], CLOSE_TIMEOUT_S)
         tasks.link.cancel()
         if pool is not None:
-            log.info("pool_handed_back", requests=pool.handed_back, acknowledged=pool.acknowledged)
+            log.info(
+                "pool_handed_back", requests=pool.handed_back, acknowledged=pool.acknowledged, taken=pool.taken_count
+            )
         if tasks.journal is not None:
             tasks.journal.cancel()  # what the last acknowledgements wrote is committed by its close
 

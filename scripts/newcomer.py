@@ -188,7 +188,10 @@ class Daemon:
         data["http"].update(enabled=True, port=self.http_port, api_key_file=str(work / "api.key"))
         data["wyoming"].update(enabled=True, host="127.0.0.1", port=self.wyoming_port, zeroconf=False)
         for section, values in overrides.items():
-            data[section].update(values)
+            if isinstance(data.get(section), dict):
+                data[section].update(values)
+            else:
+                data[section] = values  # a top-level key (site_id)
         self.config = work / f"{name}.yaml"
         self.config.write_text(yaml.safe_dump(data))
         self.log_path = work / f"{name}.log"
@@ -511,6 +514,86 @@ def door_failed_stream(d: Daemon) -> str:
     return f"curl exit {code}: {done.stderr.strip()}"
 
 
+def door_rejected_interrupt(d: Daemon, watch: Watch) -> str:
+    """A rejected request has no effect (issue 41): ``queue.max_pending: 1``, a0 speaking, a1 queued,
+    an ``interrupt`` rejected ``queue_full`` stops nothing."""
+    publish(d.mqtt_port, SAY, json.dumps({"id": "full-a0", "text": "A long first sentence that keeps speaking. " * 4}))
+    deadline = time.monotonic() + 120
+    while not [p for p in watch.json_on("/tts/started") if p.get("id") == "full-a0"]:
+        assert time.monotonic() < deadline, "no tts/started for full-a0"
+        time.sleep(0.05)
+    publish(d.mqtt_port, SAY, json.dumps({"id": "full-a1", "text": "Queued behind it."}))
+    publish(d.mqtt_port, SAY, json.dumps({"id": "i-full", "text": "Interrupt when full.", "interrupt": True}))
+    rejected = watch.finished("i-full", 60)
+    assert rejected["status"] == "rejected" and rejected["error"]["code"] == "queue_full", f"i-full: {rejected}"
+    first = watch.finished("full-a0", 120)
+    assert first["status"] != "interrupted", f"the rejected interrupt stopped full-a0: {first}"
+    second = watch.finished("full-a1", 120)
+    message = rejected["error"]["message"]
+    return f"i-full rejected queue_full ({message!r}); full-a0 {first['status']}, full-a1 {second['status']}"
+
+
+def door_pool(work: Path, env: dict[str, str], timeout_s: float) -> str:
+    """Two daemons in one pool on mosquitto, the README's watcher on ``s2s/#`` (it makes the broker
+    accept every hand-back): the first stopped hands its queue to the second, the second (the last
+    member) stopped keeps its queue in its journal, restarted serves it. Every request once."""
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    if not Path(binary).exists():
+        return "skipped: no mosquitto (a pool needs an external broker: apt-get install mosquitto)"
+    port = free_port()
+    conf = work / "pool-mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n" + ("user root\n" if os.geteuid() == 0 else ""))
+    broker = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    members: dict[str, Daemon] = {}
+    watch: Watch | None = None
+    try:
+        assert wait_port(port, 10), "mosquitto did not listen"
+        watch = Watch(port, ("s2s/#",))
+        for site in ("pool-a", "pool-b"):
+            member = Daemon(work, site, env, site_id=site, mqtt={"broker": "external", "port": port,
+                            "shared_group": "speakers"}, http={"enabled": False}, wyoming={"enabled": False},
+                            ha={"discovery": False})  # fmt: skip
+            member.mqtt_port = port
+            members[site] = member
+            member.start()
+        for member in members.values():
+            member.wait_ready(timeout_s)
+        ids = [f"pool-{n:02d}" for n in range(16)]
+        for rid in ids:
+            publish(port, "s2s/pool/tts/say", json.dumps({"id": rid, "text": "A pool request, long enough to wait."}))
+        for site in ("pool-a", "pool-b"):  # the first hands back to the second; the second to nobody
+            assert members[site].stop() == 0, f"{site}: SIGTERM: {tail(members[site].log())}"
+        members["pool-b"].start()
+        members["pool-b"].wait_ready(timeout_s)
+        answers: dict[str, list[str]] = {}
+        deadline = time.monotonic() + 300
+        while len(answers) < len(ids) and time.monotonic() < deadline:
+            answers = {}
+            for topic, payload in list(watch.lines):
+                if topic.endswith("/tts/finished"):
+                    answer = json.loads(payload)
+                    answers.setdefault(answer["id"], []).append(answer["status"])
+            time.sleep(0.1)
+        assert members["pool-b"].stop() == 0, f"pool-b: SIGTERM after its restart: {tail(members['pool-b'].log())}"
+        lost = [rid for rid in ids if rid not in answers]
+        twice = {rid: s for rid, s in answers.items() if len(s) > 1}
+        assert not lost and not twice, f"lost {lost}, answered twice {twice}"
+        handed = [json.loads(line) for m in members.values() for line in m.log().splitlines()
+                  if '"pool_handed_back"' in line]  # fmt: skip
+        taken = sum(int(h["taken"]) for h in handed)
+        kept = sum(int(h["requests"]) - int(h["taken"]) for h in handed)
+        statuses = sorted({s[0] for s in answers.values()})
+        done = f"{len(ids)} requests answered once ({', '.join(statuses)})"
+        return f"{done}; {taken} handed back and taken, {kept} kept for the restart (a watcher on s2s/#)"
+    finally:
+        for member in members.values():
+            member.stop()
+        if watch is not None:
+            watch.stop()
+        broker.terminate()
+        broker.wait(10)
+
+
 def door_signals(d: Daemon, watch: Watch) -> str:
     assert d.proc is not None
     publish(d.mqtt_port, SAY, json.dumps({"id": "newcomer-last", "text": "Still speaking when asked to stop. " * 6}))
@@ -588,7 +671,10 @@ def main(argv: list[str] | None = None) -> int:
     doors.check("voices", lambda: door_voices(work, env))
     doors.check("service", lambda: door_service(work, env))
     doors.check("bench", lambda: door_bench(work, env))
-    cut = Daemon(work, "cut", env, tts={"max_utterance_s": 4, "options": {"max_frames": "400"}})
+    doors.check("pool watcher", lambda: door_pool(work, env, args.timeout_s))
+    cut = Daemon(
+        work, "cut", env, tts={"max_utterance_s": 4, "options": {"max_frames": "400"}}, queue={"max_pending": 1}
+    )
     watch = None
     try:
         cut.start()
@@ -596,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         watch = Watch(cut.mqtt_port)
         w = watch
         doors.check("http failure", lambda: door_failed_stream(cut))
+        doors.check("full interrupt", lambda: door_rejected_interrupt(cut, w))
         doors.check("second ctrl-c", lambda: door_signals(cut, w))
     except AssertionError as exc:
         doors.report("http failure", False, f"its daemon did not start: {exc}")

@@ -197,6 +197,67 @@ async def test_curl_gets_a_wav_whole_with_its_length_or_streamed_when_asked(
         assert float(seconds.stdout) == pytest.approx(tone_samples(text) / 24000, abs=0.001)
 
 
+async def test_a_whole_file_reports_its_first_audio_when_it_is_complete(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """Issue 41 item 6: a WAV or FLAC sent whole reaches its caller once all of it is made, so its
+    first audio out (the latency event, hence ``s2s_first_audio_seconds``) is then, not at its first
+    chunk; a streamed WAV's is at its first chunk. ``tts/started`` comes with it."""
+    text = "A whole file is sent once all of it is made."  # 1.8 s of audio, made in 0.9 s
+    async with speech_api(tmp_path, mosquitto, tts={"options": {"speed": "2"}}) as api, api.client() as client:
+        ids = {}
+        asks = (("wav", "wav", {}), ("flac", "flac", {}), ("streamed", "wav", {"stream_format": "audio"}))
+        for name, fmt, extra in asks:
+            raw = await client.audio.speech.with_raw_response.create(
+                model="tts-1",
+                voice="alloy",
+                input=text,
+                response_format=fmt,
+                extra_body=extra,  # type: ignore[arg-type]
+            )
+            assert len(decode(fmt, raw.parse().content)) == tone_samples(text)
+            ids[name] = raw.headers["x-request-id"]
+        rec = api.rec
+        await rec.wait_for(lambda: {p["id"] for p in rec.payloads("/metrics/latency")} >= set(ids.values()))
+        latency = {p["id"]: p for p in rec.payloads("/metrics/latency")}
+        started = {p["id"] for p in rec.payloads("/tts/started")}
+    for name in ("wav", "flac"):
+        event = latency[ids[name]]
+        synthesized_ms = event["queuedMs"] + event["synthMs"]  # receipt to the end of synthesis, at least
+        assert event["firstAudioOutMs"] >= synthesized_ms, (name, event)
+        assert event["firstAudioOutMs"] == event["e2eMs"], (name, event)  # all of it at once
+        assert ids[name] in started
+    streamed = latency[ids["streamed"]]
+    assert streamed["firstAudioOutMs"] < streamed["queuedMs"] + streamed["synthMs"], streamed
+
+
+async def test_a_whole_file_stopped_part_way_is_409_and_the_events_agree(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """Issue 41 item 7: a 30-sentence WAV (sent whole) stopped after a second of audio was made: its
+    caller gets nothing, so the answer is 409 ``cancelled`` saying what happened, and the events say
+    ``cancelled`` with no ``tts/started``, ``audioMs`` 0 and no latency event."""
+    text = " ".join(f"This is sentence number {n} of a long text." for n in range(30))
+    async with speech_api(tmp_path, mosquitto, tts={"options": {"speed": "1"}}) as api, api.client() as client:
+        asked = asyncio.create_task(
+            client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="wav")
+        )
+        assert api.daemon._parts is not None
+        ledger = api.daemon._parts.pipeline.ledger
+        async with asyncio.timeout(20):  # a second of its audio made (polled: no event says so)
+            while not any(j.timeline.audio_s >= 1.0 for j in ledger.jobs.values()):  # noqa: ASYNC110  (no event to wait on)
+                await asyncio.sleep(0.02)
+        (rid,) = ledger.jobs
+        await api.rec.say("s2s/kitchen/tts/stop", {"id": rid})
+        with pytest.raises(openai.APIStatusError) as refused:
+            await asyncio.wait_for(asked, 10)
+        finished = (await api.rec.wait_finished([rid]))[rid]
+        rec = api.rec
+    assert refused.value.status_code == 409
+    body = refused.value.body
+    assert isinstance(body, dict) and body["code"] == "cancelled", body
+    assert "s of audio was made" in body["message"] and "sent only once complete" in body["message"], body
+    assert finished["status"] == "cancelled" and finished["audioMs"] == 0, finished
+    assert rid not in {p["id"] for p in rec.payloads("/tts/started")}
+    assert rid not in {p["id"] for p in rec.payloads("/metrics/latency")}
+
+
 async def test_a_client_that_disconnects_frees_the_engine(tmp_path: Path, mosquitto: Mosquitto) -> None:
     real_time = {"tts": {"options": {"speed": "1"}}}  # 100 characters: 4 s of synthesis
     async with speech_api(tmp_path, mosquitto, **real_time) as api, api.client() as client:

@@ -24,6 +24,7 @@ from s2s_daemon.app import Daemon
 from s2s_daemon.config import load_config
 from s2s_daemon.errors import ConfigError, UnavailableError
 from s2s_daemon.events.metrics import DaemonMetrics
+from s2s_daemon.events.publisher import latency_payload
 from s2s_daemon.events.readiness import Phase, Readiness
 from s2s_daemon.intake.http import require_monitor_extra
 from s2s_daemon.pipeline.jobs import Job, Timeline
@@ -199,6 +200,37 @@ async def test_metrics_count_what_the_requests_did(tmp_path: Path, mosquitto: Mo
     assert families["s2s_queue_depth"] == "gauge" and families["s2s_journal_commit_seconds"] == "histogram"
 
 
+async def test_a_local_model_is_one_name_everywhere(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """Issue 41 item 13: a local checkpoint is its folder's name in ``info``, the latency event,
+    ``s2s_build_info``, the page's status, ``/v1/models`` and Home Assistant's device: never its path."""
+    folder = tmp_path / "checkpoints" / "my-voice-model"
+    folder.mkdir(parents=True)
+    monitor, api = free_port(), free_port()
+    config = write_config(
+        tmp_path / "daemon.yaml",
+        mosquitto.port,
+        tts={"model": str(folder)},
+        monitor={"enabled": True, "port": monitor},
+        http={"enabled": True, "port": api},
+        ha={"discovery": True},
+    )
+    async with recorder(mosquitto.port, subscribe=("s2s/#", "homeassistant/#")) as rec, daemon_in_process(config):
+        await wait_ready(api)
+        await rec.say(SAY, {"id": "named", "text": "which model speaks"})
+        await rec.wait_for(lambda: [p for p in rec.payloads("/metrics/latency") if p["id"] == "named"])
+        info = rec.payloads("/kitchen/info")[-1]
+        latency = next(p for p in rec.payloads("/metrics/latency") if p["id"] == "named")
+        build = dict(next(labels for (name, labels) in samples((await scrape(monitor))[1]) if name == "s2s_build_info"))
+        _, status = await curl(f"http://127.0.0.1:{api}/api/status")
+        _, models = await curl(f"http://127.0.0.1:{api}/v1/models")
+        device = next(m.json()["device"] for m in rec.messages if m.topic.startswith("homeassistant/") and m.payload)
+    assert status is not None and models is not None
+    assert info["model"] == latency["model"] == build["model"] == status["engine"]["model"] == "my-voice-model"
+    assert models["data"][0]["id"] == "my-voice-model"
+    assert device["model"] == "my-voice-model (tone)"
+    assert str(tmp_path) not in json.dumps([info, latency, build, status, models, device])
+
+
 async def test_memory_has_a_figure_from_the_start(tmp_path: Path, mosquitto: Mosquitto) -> None:
     port = free_port()
     config = write_config(
@@ -216,9 +248,9 @@ async def test_memory_has_a_figure_from_the_start(tmp_path: Path, mosquitto: Mos
 # -- units ---------------------------------------------------------------------------------------------
 
 
-def _job(origin: str, status: Status, underruns: int = 0) -> Job:
+def _job(origin: str, status: Status, underruns: int = 0, underrun_ms: float = 0.0) -> Job:
     tl = Timeline(received=10.0, dequeued=10.0, synth_started=10.0, first_chunk=10.1, synth_done=10.5)
-    tl.first_sample_out, tl.audio_s, tl.underruns = 10.25, 2.0, underruns
+    tl.first_sample_out, tl.audio_s, tl.underruns, tl.underrun_ms = 10.25, 2.0, underruns, underrun_ms
     job = Job(SayRequest("r", "text", None, "auto", "kitchen", origin=origin), tl)
     job.status = status
     return job
@@ -229,7 +261,7 @@ INFO = EngineInfo(engine="tone", model="m", device="cpu", sample_rate=24000, voi
 
 def test_a_terminal_event_fills_the_series_as_the_latency_event_has_them() -> None:
     metrics = DaemonMetrics()
-    metrics.finished(_job("wyoming", Status.COMPLETED, underruns=3), INFO)
+    metrics.finished(_job("wyoming", Status.COMPLETED, underruns=3, underrun_ms=1250.0), INFO)
     metrics.finished(_job("wyoming", Status.INTERRUPTED), INFO)
     got = samples(metrics.exposition().decode())
     assert value(got, "s2s_requests_total", intake="wyoming", status="completed") == 1
@@ -240,6 +272,9 @@ def test_a_terminal_event_fills_the_series_as_the_latency_event_has_them() -> No
     assert value(got, "s2s_real_time_factor_count", intake="wyoming") == 1  # a stopped one is not the pace
     assert value(got, "s2s_real_time_factor_sum", intake="wyoming") == pytest.approx(0.25)
     assert value(got, "s2s_underruns_total") == 3
+    assert value(got, "s2s_underrun_seconds_total") == pytest.approx(1.25)  # the silence, apart from the count
+    latency = latency_payload(_job("mqtt", Status.COMPLETED, underruns=3, underrun_ms=1250.0), INFO)
+    assert latency["underruns"] == 3 and latency["underrunMs"] == 1250.0
     metrics.memory({"rssMiB": 100.0, "peakRssMiB": 120.0, "deviceKind": "cuda", "deviceAllocatedMiB": 2.0})
     got = samples(metrics.exposition().decode())
     assert value(got, "s2s_resident_memory_bytes") == 100 * 1024 * 1024

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +248,61 @@ async def test_queue_full(tmp_path: Path, mosquitto: Mosquitto) -> None:
         assert [fin[i]["status"] for i in ids].count("completed") >= 3
         await rec.say(SAY, {"id": "later", "text": "served after the burst"})
         assert (await rec.wait_finished(["later"]))["later"]["status"] == "completed"
+
+
+async def test_an_interrupt_rejected_queue_full_interrupts_nothing(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """Issue 41 item 3, as the issue tried it: ``queue.max_pending: 1``, a0 speaking, a1 queued."""
+    config = cfg(tmp_path, mosquitto, queue={"max_pending": 1}, tts={"options": {"speed": "1"}})
+    async with recorder(mosquitto.port) as rec, daemon_in_process(config):
+        await online(rec)
+        await rec.say(SAY, {"id": "a0", "text": "A long sentence that is still speaking."})  # 1.6 s
+        await rec.wait_for(lambda: [p for p in rec.payloads("/tts/started") if p["id"] == "a0"])
+        await rec.say(SAY, {"id": "a1", "text": "Queued."})
+        await rec.say(SAY, {"id": "i-full", "text": "Interrupt when full.", "interrupt": True})
+        fin = await rec.wait_finished(["i-full", "a0", "a1"], timeout_s=20)
+        assert fin["i-full"]["status"] == "rejected"
+        assert fin["i-full"]["error"] == {"code": "queue_full", "message": "1 request is already waiting"}
+        assert fin["a0"]["status"] == "completed" and fin["a1"]["status"] == "completed", fin
+
+
+async def test_the_state_topic_shows_every_state_of_a_quick_request(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """Issue 41 item 8: every request shows ``synthesizing`` then ``speaking``, however quick (an
+    engine at full speed: each state lasts less than the publishing interval), and no state twice."""
+    async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto)):
+        await online(rec)
+        ids = ["q0", "q1", "q2"]
+        for rid in ids:
+            await rec.say(SAY, {"id": rid, "text": "A quick sentence."})
+            await rec.wait_finished([rid])
+        await rec.wait_for(lambda: rec.payloads("/state")[-1]["state"] == "idle")
+        seen = [(p["state"], p["currentId"]) for p in rec.payloads("/state")]
+        idle = ("idle", None)
+        expected = [idle] + [s for rid in ids for s in (("synthesizing", rid), ("speaking", rid), idle)]
+        assert seen == expected
+
+
+async def test_the_state_topic_has_no_idle_between_queued_requests(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """Issue 41 item 8: a burst goes speaking b0, synthesizing b1, ...: no ``idle`` (with a queue)
+    between two requests of it, and no message twice in a row (a change of the queue's length alone
+    is a message of its own)."""
+    config = cfg(tmp_path, mosquitto, tts={"options": {"speed": "1"}})
+    async with recorder(mosquitto.port) as rec, daemon_in_process(config):
+        await online(rec)
+        ids = ["b0", "b1", "b2"]
+        for rid in ids:  # b1 and b2 wait behind b0 (0.7 s each)
+            await rec.say(SAY, {"id": rid, "text": "A short sentence."})
+        await rec.wait_finished(ids)
+        await rec.wait_for(lambda: rec.payloads("/state")[-1]["state"] == "idle")
+        states = [(p["state"], p["currentId"], p["queue"]) for p in rec.payloads("/state")]
+        assert all(a != b for a, b in itertools.pairwise(states)), states  # none repeated
+        assert [s for s in states if s[0] == "idle" and s[2] > 0] == [], states
+        assert [s for s in states if s[0] == "idle"] == [("idle", None, 0)] * 2, states  # before and after
+        # Each request's states, in order (the queue's length may change within one).
+        seen = [(state, current) for state, current, _ in states]
+        changes = [b for a, b in zip([None, *seen], seen, strict=False) if a != b]
+        assert changes == [("idle", None)] + [(s, rid) for rid in ids for s in ("synthesizing", "speaking")] + [
+            ("idle", None)
+        ], states
 
 
 async def test_engine_error_is_reported_and_daemon_continues(tmp_path: Path, mosquitto: Mosquitto) -> None:

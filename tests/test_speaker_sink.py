@@ -145,6 +145,13 @@ async def test_slow_engine_underruns_are_counted(
     samples = make_signal(1.0, seed=1)
     report, _, recording, _ = await play_and_record(pulse_server, speaker, samples, speed=0.5)
     assert report.underruns >= 5  # 40 ms of audio every 80 ms: the ring runs dry again and again
+    # Once between two chunks at most (25 chunks of 40 ms), however many 20 ms periods it stays dry.
+    assert report.underruns <= 25, report
+    # The silence it played is the rest of the span: audio, silence and the device's latency.
+    assert report.first_sample_at is not None and report.last_sample_at is not None
+    span_ms = 1000.0 * (report.last_sample_at - report.first_sample_at)
+    latency_ms = speaker.stats().output_latency_ms
+    assert span_ms == pytest.approx(report.audio_ms + report.underrun_ms + latency_ms, abs=2 * speaker.period_ms)
     assert report.audio_ms == pytest.approx(1000 * len(reference(samples)) / SPEAKER_RATE_HZ, abs=1)
     # All of it still played, with gaps: as much energy as was sent.
     assert rms(recording) * np.sqrt(len(recording)) == pytest.approx(
@@ -311,6 +318,31 @@ def test_callback_prebuffers_counts_underruns_and_ends(channels: int) -> None:
     assert sink._last_at > 0.0
     assert not call_back(sink, 16).any()  # idle between utterances: silence, no underrun
     assert sink._underruns == 1
+
+
+def test_a_run_of_starved_periods_is_one_underrun_and_its_silence_is_counted() -> None:
+    """Issue 41 item 14: a slow engine that leaves the ring dry for 5 periods is one underrun of
+    5 periods' silence, not 5 underruns; the next dry spell after audio came is a second one."""
+    sink = driven_sink(1)
+    sink._start_pos = 10
+    sink._seq = 1
+    sink._armed = True
+    push(sink, np.ones(10, np.float32))
+    call_back(sink, 10)  # plays the 10 buffered frames
+    for _ in range(5):
+        assert not call_back(sink, 10).any()  # dry: 50 frames (50 ms at 1 kHz) of silence
+    assert sink._underruns == 1 and sink._underrun_frames == 50
+    push(sink, np.ones(15, np.float32))
+    call_back(sink, 10)  # audio again: the run is over
+    call_back(sink, 10)  # 5 frames, then dry: a second underrun
+    call_back(sink, 10)  # still the second
+    assert sink._underruns == 2 and sink._underrun_frames == 50 + 5 + 10
+    push(sink, np.ones(4, np.float32))
+    sink._end_pos = sink._wpos
+    call_back(sink, 10)  # the end: silence after the last sample is no underrun
+    assert sink._underruns == 2 and sink._underrun_frames == 65 and sink._done_seq == 1
+    stats = sink.stats()
+    assert stats.underruns == 2 and stats.underrun_ms == pytest.approx(65.0)
 
 
 def test_callback_flushes_on_request() -> None:

@@ -118,6 +118,28 @@ async def test_ledger_exactly_one_finished() -> None:
     assert d.jobs == {} and d.state() == ("idle", None)
 
 
+async def test_a_rejected_interrupt_has_no_effect() -> None:
+    """Issue 41 item 3: an ``interrupt`` the full queue rejects stops nothing."""
+    events = Events()
+    d = Ledger(RequestQueue(1), events, 16)
+    d.submit(req("a0"))
+    playing = d.take(await d.queue.get())
+    assert playing is not None
+    d.record(playing, OnSpeaker(time.monotonic()))
+    d.record(playing, FirstSample(time.monotonic()))
+    d.submit(req("a1"))  # queued: the queue is full
+    d.submit(req("i-full", interrupt=True))
+    assert events.done == [("i-full", "rejected", ErrorCode.QUEUE_FULL)]
+    assert not playing.should_stop() and playing.status is None and d.state() == ("speaking", "a0")
+    assert "a1" in d.queue
+    again = d.submit(req("i-again", interrupt=True))
+    assert again.error is not None and again.error.message == "1 request is already waiting"
+    # With room in the queue, an interrupt stops the current one and goes first.
+    d.queue.remove("a1")
+    d.submit(req("i-room", interrupt=True))
+    assert playing.should_stop() and d.queue.waiting()[0].id == "i-room"
+
+
 async def test_interrupted_only_once_a_sample_was_heard() -> None:
     events = Events()
     d = Ledger(RequestQueue(4), events, 16)

@@ -340,6 +340,10 @@ def test_try_it_in_the_other_formats(page: WebDriver, daemon: Daemon, fmt: str) 
     until(page, lambda: stat_of(page, "audio") != NOTHING_YET)  # the daemon's latency event
     duration = "return document.getElementById('player').duration"
     until(page, lambda: abs((page.execute_script(duration) or 0) - audio_s(page)) < 0.1)
+    if fmt == "wav":  # asked for streamed (the API sends a wav whole otherwise): it plays as it is made
+        request_id = stat_of(page, "id")
+        answers = [json.loads(line) for line in daemon.log().splitlines() if '"http_speech"' in line]
+        assert [a["stream_format"] for a in answers if a.get("request_id") == request_id] == ["audio"], answers
 
 
 def test_try_it_on_the_daemons_speaker(page: WebDriver, daemon: Daemon) -> None:

@@ -10,8 +10,8 @@ Per utterance: chunks (engine rate, 24 kHz) are scaled by the request's volume a
 resampled by soxr to the device's default rate, then written into the ring. The
 callback starts consuming once ``audio.latency_ms`` is buffered (or the utterance has
 ended, for short ones), records the moment it hands the first sample to the device,
-counts a callback that finds the ring empty before the end as an underrun (and plays
-silence), and records when the last sample will have left the device (its output
+counts a run of callbacks that find the ring empty before the end as one underrun (and
+plays silence, whose length it adds up), and records when the last sample will have left the device (its output
 latency included). Cancelling ``play`` asks the callback to drop everything buffered;
 it does so on its next period, and ``play`` waits for that before re-raising.
 
@@ -66,7 +66,9 @@ class SpeakerStats:
     """PortAudio's output latency of the stream."""
     callbacks: int
     underruns: int
-    """Callbacks that found the ring empty mid-utterance (all utterances)."""
+    """Times the ring ran dry mid-utterance (all utterances): a run of starved callbacks is one."""
+    underrun_ms: float
+    """Milliseconds of silence those underruns played (all utterances)."""
     xruns: int
     """Callbacks with PortAudio's output underflow flag set."""
     callback_p50_ms: float
@@ -113,6 +115,11 @@ class SpeakerSink:
         self._flush_at = 0.0
         """Monotonic seconds of the last flush the callback carried out."""
         self._underruns = 0
+        """Runs of callbacks that found the ring empty mid-utterance."""
+        self._underrun_frames = 0
+        """Frames of silence played in those runs."""
+        self._starved = False
+        """The last callback found the ring empty mid-utterance (the next one continues that run)."""
         self._xruns = 0
         self._callbacks = 0
         self._cb_start = np.zeros(STATS_SIZE, np.float64)
@@ -221,6 +228,7 @@ class SpeakerSink:
             self._flush_at = now
         elif not self._playing and self._armed and (self._wpos >= self._start_pos or self._end_pos >= 0):
             self._playing = True
+            self._starved = False
         if self._playing:
             rpos = self._rpos
             n = min(self._wpos - rpos, frames)
@@ -249,7 +257,12 @@ class SpeakerSink:
                 self._armed = False
                 self._done_seq = self._seq
             elif n < frames:
-                self._underruns += 1
+                if not self._starved:  # a new run: one underrun however many periods it lasts
+                    self._underruns += 1
+                    self._starved = True
+                self._underrun_frames += frames - n
+            else:
+                self._starved = False
         if n < frames:
             out[n:] = 0.0
         i = self._callbacks % STATS_SIZE
@@ -331,6 +344,7 @@ class SpeakerSink:
         await self._ensure_open()
         run = _Playing(self, utterance, on_first_sample)
         underruns_before = self._underruns
+        underrun_frames_before = self._underrun_frames
         xruns_before = self._xruns
         finished = False
         try:
@@ -349,15 +363,23 @@ class SpeakerSink:
             if not finished:
                 await self._flush()
         underruns = self._underruns - underruns_before
+        underrun_ms = 1000.0 * (self._underrun_frames - underrun_frames_before) / self.rate_hz
         xruns = self._xruns - xruns_before
         if underruns or xruns:
-            log.info("speaker_underruns", id=utterance.request.id, underruns=underruns, xruns=xruns)
+            log.info(
+                "speaker_underruns",
+                id=utterance.request.id,
+                underruns=underruns,
+                underrun_ms=round(underrun_ms, 1),
+                xruns=xruns,
+            )
         first_at = self._first_at if run.written else None
         return PlaybackReport(
             first_sample_at=first_at or None,
             last_sample_at=self._last_at if first_at else None,
             audio_ms=1000.0 * run.written / self.rate_hz,
             underruns=underruns,
+            underrun_ms=underrun_ms,
         )
 
     # --- figures ----------------------------------------------------------------------
@@ -378,6 +400,7 @@ class SpeakerSink:
             output_latency_ms=1000.0 * self._out_latency_s,
             callbacks=self._callbacks,
             underruns=self._underruns,
+            underrun_ms=1000.0 * self._underrun_frames / self.rate_hz if self.rate_hz else 0.0,
             xruns=self._xruns,
             callback_p50_ms=float(np.percentile(ms, 50)),
             callback_p99_ms=float(np.percentile(ms, 99)),

@@ -79,7 +79,12 @@ class DaemonMetrics:
         )
         self.audio = Counter("s2s_audio_seconds", "Seconds of audio synthesized", ["intake"], registry=r)
         self.underruns = Counter(
-            "s2s_underruns", "Times the speaker's buffer ran dry in the middle of an utterance", registry=r
+            "s2s_underruns",
+            "Times the speaker's buffer ran dry in the middle of an utterance (a run of starved periods is one)",
+            registry=r,
+        )
+        self.underrun = Counter(
+            "s2s_underrun_seconds", "Seconds of silence the speaker played while its buffer was dry", registry=r
         )
         self.queue_depth = Gauge("s2s_queue_depth", "Requests waiting in the queue", registry=r)
         self.ready = Gauge("s2s_ready", "1 when the daemon is ready (GET /ready answers 200), else 0", registry=r)
@@ -134,6 +139,7 @@ class DaemonMetrics:
             self.real_time_factor.labels(intake).observe(rtf)
         self.audio.labels(intake).inc(job.timeline.audio_s)
         self.underruns.inc(job.timeline.underruns)
+        self.underrun.inc(job.timeline.underrun_ms / 1000.0)
 
     def memory(self, payload: dict[str, object]) -> None:
         """The memory event's payload (``events/memory.py``)."""

@@ -21,9 +21,21 @@ from s2s_daemon.pipeline.vocabulary import EngineInfo
 log = structlog.get_logger(__name__)
 
 STATE_MIN_INTERVAL_S = 0.05
-"""The retained state topic is published at most this often (latest state wins)."""
+"""A change of the queue's length alone is published at most this often (the latest wins); a
+change of ``state`` or ``currentId`` is published every time, in order."""
+
+Snapshot = tuple[str, str | None, int]
+"""(idle|synthesizing|speaking, current id, queue length)."""
+
+
 INFO_RESCAN_S = 1.0
 """Least seconds between scans of the voice library after requests naming a voice (``info`` refresh)."""
+
+
+def _transient(snapshot: Snapshot) -> bool:
+    """Nothing in flight but something queued: the TTS stage takes it next. Not ``idle`` (it would
+    read as a redundant ``idle`` between two requests): the next state is published instead."""
+    return snapshot[0] == "idle" and snapshot[2] > 0
 
 
 def now_ms() -> int:
@@ -83,6 +95,7 @@ def latency_payload(job: Job, info: EngineInfo) -> dict[str, object]:
         "e2eMs": _ms(tl.last_sample_played, tl.received),
         "chunks": tl.chunks,
         "underruns": tl.underruns,
+        "underrunMs": round(tl.underrun_ms, 1),
         "prebufferMs": round(tl.prebuffer_s * 1000.0, 1),
         "streamed": req.feed is not None,
         "firstTextMs": _ms(tl.first_text, tl.received),
@@ -118,7 +131,10 @@ class MqttEvents:
         self._published_kinds: dict[str, str] | None = None
         self._kinds_checked = -math.inf
         self._state_dirty = asyncio.Event()
-        self._last_state: tuple[str, str | None, int] | None = None
+        self._last_state: Snapshot | None = None
+        """The state last published."""
+        self._state: Callable[[], Snapshot] | None = None
+        """The pipeline's snapshot (``run_state``); None until it runs."""
 
     def _message(self, topic: str, payload: dict[str, object], qos: int | None = None) -> OutMessage:
         return OutMessage(topic, dumps(payload), self.qos if qos is None else qos)
@@ -183,6 +199,14 @@ class MqttEvents:
             self._publish(self.info_message())
 
     def state_changed(self) -> None:
+        """The ledger moved a job: a change of state or current id is published now (a state that
+        lasts less than the publishing interval, a quick synthesis, is still published); a change
+        of the queue's length alone is left to ``run_state``."""
+        if self._state is not None:
+            snapshot = self._state()
+            last = self._last_state
+            if not _transient(snapshot) and (last is None or snapshot[:2] != last[:2]):
+                self._publish(self.state_message(snapshot))
         self._state_dirty.set()
 
     # -- Hermes ------------------------------------------------------------------------
@@ -216,8 +240,9 @@ class MqttEvents:
     def memory(self, payload: dict[str, object]) -> None:
         self._send(self.topics.memory, payload, qos=0)
 
-    def state_message(self, snapshot: tuple[str, str | None, int]) -> OutMessage:
-        """The retained state topic for (state, current id, queue length)."""
+    def state_message(self, snapshot: Snapshot) -> OutMessage:
+        """The retained state topic for (state, current id, queue length), published by the caller."""
+        self._last_state = snapshot
         state, current, queued = snapshot
         payload = {"state": state, "queue": queued, "currentId": current, "ts": now_ms()}
         return OutMessage(self.topics.state, dumps(payload), 1, True)
@@ -246,14 +271,16 @@ class MqttEvents:
     def status_message(self, online: bool) -> OutMessage:
         return OutMessage(self.topics.status, b"online" if online else b"offline", 1, True)
 
-    async def run_state(self, state: Callable[[], tuple[str, str | None, int]]) -> None:
-        """Publish the retained state whenever it changed, coalescing bursts; ``state`` returns
-        (state, current id, queue length)."""
+    async def run_state(self, state: Callable[[], Snapshot]) -> None:
+        """Publish the retained state whenever it changed: every change of state or current id at
+        once, in order (``state_changed``: idle, synthesizing, speaking, idle, none skipped, none
+        repeated), and a change of the queue's length alone at most every ``STATE_MIN_INTERVAL_S``;
+        ``state`` returns a ``Snapshot``."""
+        self._state = state
         while True:
             await self._state_dirty.wait()
             self._state_dirty.clear()
             snapshot = state()
-            if snapshot != self._last_state:
-                self._last_state = snapshot
+            if snapshot != self._last_state and not _transient(snapshot):
                 self._publish(self.state_message(snapshot))
             await asyncio.sleep(STATE_MIN_INTERVAL_S)

@@ -58,6 +58,8 @@ class MqttIntake:
         finally:
             if self.durable is not None:
                 self.durable.journal.then(message.ack)  # after the commit, in arrival order
+            if self.pool is not None and message.topic == self.topics.pool_say:
+                self.pool.receipt(message)  # a handed-back one: its receipt, after the commit too
 
     def _route(self, message: InMessage) -> None:
         topic = message.topic
@@ -65,6 +67,8 @@ class MqttIntake:
             self.say(message, "mqtt")
         elif topic == self.topics.pool_say:
             self.say(message, "pool")
+        elif self.pool is not None and topic == self.topics.pool_taken:
+            self.pool.taken(message.payload)
         elif topic == self.topics.stream:
             self.streams.piece(message)
         elif topic == self.topics.stop:

@@ -232,8 +232,10 @@ class MqttLink:
 
     def _subscriptions(self) -> list[str]:
         subs = [self.topics.say, self.topics.stream, self.topics.stop]
-        if self.topics.pool_subscription is not None and not self._leaving_pool:
-            subs.append(self.topics.pool_subscription)
+        if self.topics.pool_subscription is not None:
+            if not self._leaving_pool:
+                subs.append(self.topics.pool_subscription)
+            subs.append(self.topics.pool_taken)  # the receipts for what it hands back (kept while it drains)
         if self.config.hermes:
             subs.append(HERMES_SAY)
         subs.extend(self.extra_subscriptions)

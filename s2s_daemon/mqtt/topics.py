@@ -40,6 +40,11 @@ class Topics:
         return f"$share/{self.shared_group}/{self.pool_say}"
 
     @property
+    def pool_taken(self) -> str:
+        """``<p>/pool/tts/taken``: a member's receipt for a request another member handed back."""
+        return f"{self.prefix}/pool/tts/taken"
+
+    @property
     def status(self) -> str:
         return f"{self.base}/status"
 

@@ -52,6 +52,9 @@ class Timeline:
     audio_s: float = 0.0
     """Seconds of audio synthesized."""
     underruns: int = 0
+    """Times the speaker ran dry mid-utterance (a run of starved device periods is one)."""
+    underrun_ms: float = 0.0
+    """Milliseconds of silence those underruns played."""
     prebuffer_s: float = 0.0
     """Audio buffered before the first sample because the engine was slower than real time."""
     played_ms: float | None = None
@@ -272,10 +275,12 @@ class Ledger:
             return self.reject(request, ErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
         if not self._remember(request.id):
             return self.reject(request, ErrorCode.DUPLICATE, f"request id {request.id!r} was already received")
-        if request.interrupt:
-            self.stop_current()
         if not self.queue.offer(request, front=request.interrupt):
-            return self.reject(request, ErrorCode.QUEUE_FULL, f"{len(self.queue)} requests are already waiting")
+            waiting = len(self.queue)
+            message = f"{waiting} {'request is' if waiting == 1 else 'requests are'} already waiting"
+            return self.reject(request, ErrorCode.QUEUE_FULL, message)  # and has no effect: nothing is stopped
+        if request.interrupt:  # once it is queued: a rejected interrupt stops nothing
+            self.stop_current()
         job = Job(request, Timeline(received=request.received_at))
         self.jobs[request.id] = job
         log.debug("request_queued", request_id=request.id, queue=len(self.queue))
@@ -462,6 +467,7 @@ class Ledger:
         tl = job.timeline
         if report is not None:
             tl.underruns = report.underruns
+            tl.underrun_ms = report.underrun_ms
             if tl.first_sample_out is None and self.heard(job, report.first_sample_at):
                 tl.first_sample_out = report.first_sample_at
         if tl.first_sample_out is None:

@@ -134,4 +134,6 @@ class PlaybackReport:
     audio_ms: float
     """Milliseconds of audio played."""
     underruns: int = 0
-    """Callbacks that found the buffer empty mid-utterance."""
+    """Times the buffer ran dry mid-utterance (a run of starved device periods is one)."""
+    underrun_ms: float = 0.0
+    """Milliseconds of silence played while it was dry (all the underruns together)."""

@@ -45,14 +45,18 @@ class CallerStream:
 
     name = "caller"
 
-    def __init__(self, buffer_chunks: int = BUFFER_CHUNKS, speed: float = 1.0) -> None:
+    def __init__(self, buffer_chunks: int = BUFFER_CHUNKS, speed: float = 1.0, whole: bool = False) -> None:
         self._chunks: Channel[Samples] = Channel(buffer_chunks, Overflow.BLOCK, "caller")
         self.sample_rate: int | None = None
         """Hertz of the chunks, known once synthesis began."""
         self.speed = speed
         """Playback speed the caller asked for (0.25..4.0; pitch kept): 1.0 is the model's own pace."""
+        self.whole = whole
+        """The caller gets the audio only once all of it is made (a file sent whole: the speech API's
+        WAV and FLAC): its first sample goes out when the audio is complete (``complete``), not when
+        the first chunk is made; one stopped or failed before then hands nothing on."""
         self.first_sample_at: float | None = None
-        """Monotonic seconds when the first sample was handed on."""
+        """Monotonic seconds when the first sample was handed on (whole: when the audio was complete)."""
         self.samples = 0
         """Samples handed on so far."""
         self._volume = 1.0
@@ -82,6 +86,13 @@ class CallerStream:
             return not self._chunks.closed
         return await self._deliver(await self._stretcher.finish())
 
+    def complete(self, at: float) -> float | None:
+        """The request's audio is all made (not stopped, not failed): a whole file's first sample goes
+        out ``at`` (monotonic seconds). The first sample's time, None when nothing was made."""
+        if self.whole and self.samples and self.first_sample_at is None:
+            self.first_sample_at = at
+        return self.first_sample_at
+
     def close(self) -> None:
         """No more audio: the caller reads what is buffered, then the stream ends."""
         self._chunks.close()
@@ -97,7 +108,7 @@ class CallerStream:
             await self._chunks.put(apply_volume(chunk, self._volume))
         except ChannelClosed:  # abandoned or stopped
             return False
-        if self.first_sample_at is None:
+        if self.first_sample_at is None and not self.whole:
             self.first_sample_at = time.monotonic()
         self.samples += len(chunk)
         return True

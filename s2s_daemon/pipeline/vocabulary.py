@@ -24,7 +24,8 @@ class EngineInfo:
     engine: str
     """Registry name: ``torch`` or ``mlx``."""
     model: str
-    """Hub id or local folder the weights came from."""
+    """Hub id or local folder the weights came from, as the engine loaded them; the daemon names
+    it with ``model_name`` once loaded (``EngineWorker.load``): a local folder by its name."""
     device: str
     """Where inference runs: ``cuda:0``, ``cpu``, ``mps``, ``metal``..."""
     sample_rate: int

@@ -203,7 +203,11 @@ class TtsStage:
             if stopped:  # as a stopped speaker: what was heard is estimated from the first sample
                 ledger.record(job, PlaybackEnded(now))
             else:
-                first, ms = output.first_sample_at, 1000.0 * output.samples / self.info.sample_rate
+                # A file sent whole goes out now (once complete; not when it failed): its first sample.
+                first = output.complete(now) if job.status is None else output.first_sample_at
+                if first is not None and job.timeline.first_sample_out is None:
+                    ledger.record(job, FirstSample(first))
+                ms = 1000.0 * output.samples / self.info.sample_rate if first is not None else 0.0
                 ledger.record(job, PlaybackEnded(now, PlaybackReport(first, now if first is not None else None, ms)))
 
     async def _synthesize_into(self, job: Job, deliver: Deliver) -> None:

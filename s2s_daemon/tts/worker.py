@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import TypeVar
 
 import structlog
 
+from s2s_daemon.pipeline.vocabulary import model_name
 from s2s_daemon.tts.bridge import STREAM_AHEAD, ChunkStream, EngineThread
 from s2s_daemon.tts.engine import (
     BatchEngine,
@@ -97,7 +99,9 @@ class EngineWorker:
 
         info = await self._call(load_blocking)
         self._sample_rate = info.sample_rate
-        return info
+        # One name for the model everywhere (info, metrics, events, the page, /v1/models, Home
+        # Assistant): a hub id as is, a local checkpoint by its folder's name, never its path.
+        return dataclasses.replace(info, model=model_name(info.model))
 
     async def warmup(self) -> None:
         await self._call(self.engine.warmup_blocking)

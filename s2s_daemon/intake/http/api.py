@@ -170,10 +170,22 @@ def invalid_request(error: RequestError) -> ApiError:
     return ApiError(400, error.message, code=error.code.value, param=PARAM_OF_CODE.get(error.code))
 
 
-def unanswered(status: Status | None, error: RequestError | None, accepting: bool) -> ApiError:
-    """A request that ended without audio: rejected at admission, stopped while queued, or failed."""
+def unanswered(
+    status: Status | None, error: RequestError | None, accepting: bool, whole: tuple[str, float] | None = None
+) -> ApiError:
+    """A request that ended without audio for its caller: rejected at admission, stopped while queued,
+    failed, or (``whole``: the format of a file sent once complete, and the seconds of audio made)
+    stopped before its file was complete."""
     code = error.code if error is not None else None
-    message = error.message if error is not None else f"the request ended {status} before any audio was made"
+    if error is not None:
+        message = error.message
+    elif whole is not None and whole[1] > 0:
+        message = (
+            f"the request was stopped ({status}) after {whole[1]:.1f} s of audio was made; a {whole[0]} file is"
+            " sent only once complete, so none was sent (stream_format: audio sends audio as it is made)"
+        )
+    else:
+        message = f"the request ended {status} before any audio was made"
     if code is ErrorCode.QUEUE_FULL:
         return ApiError(429, message, kind="rate_limit_error", code=code.value, headers={"Retry-After": "1"})
     if code is ErrorCode.SHUTTING_DOWN or (code is None and not accepting):

@@ -323,7 +323,7 @@ class HttpSpeechServer:
         if parsed.error is not None:
             self.ledger.reject(parsed.request, parsed.error.code, parsed.error.message)
             raise invalid_request(parsed.error)
-        stream = CallerStream(speed=speech.speed)
+        stream = CallerStream(speed=speech.speed, whole=sent_whole(speech))
         job = self.ledger.submit(dataclasses.replace(parsed.request, output=stream))
         with structlog.contextvars.bound_contextvars(request_id=job.request.id):
             return await self._respond(request, speech, job, stream)
@@ -331,10 +331,7 @@ class HttpSpeechServer:
     async def _respond(
         self, request: web.Request, speech: SpeechPayload, job: Job, stream: CallerStream
     ) -> web.StreamResponse:
-        if speech.stream_format != "sse" and (
-            speech.response_format == "flac"
-            or (speech.response_format == "wav" and "stream_format" not in speech.model_fields_set)
-        ):
+        if stream.whole:
             return await self._respond_whole(speech, job, stream)
         sse = speech.stream_format == "sse"
         response: web.StreamResponse | None = None
@@ -427,8 +424,9 @@ class HttpSpeechServer:
                 log.info("http_client_gone", sent_bytes=0)
                 stream.abandon()
                 self.ledger.cancel(job, Status.INTERRUPTED)
-        if job.status is not Status.COMPLETED:
-            raise unanswered(job.status, job.error, self.ledger.accepting)
+        if job.status is not Status.COMPLETED:  # what was made is not sent: the events say cancelled too
+            made = (speech.response_format, job.timeline.audio_s)
+            raise unanswered(job.status, job.error, self.ledger.accepting, made)
         samples = np.concatenate(parts) if parts else np.zeros(0, np.float32)
         rate = stream.sample_rate or self.info.sample_rate
         if speech.response_format == "wav":
@@ -490,6 +488,16 @@ class HttpSpeechServer:
 
 
 _BEARER = {"WWW-Authenticate": "Bearer"}
+
+
+def sent_whole(speech: SpeechPayload) -> bool:
+    """Whether the answer is a file sent once complete, with its length: FLAC (libsndfile cannot
+    stream it), and WAV unless ``stream_format`` asks for it streamed (a streamed WAV's header cannot
+    know its length). Its first audio out is when it is complete (``CallerStream.whole``)."""
+    if speech.stream_format == "sse":
+        return False
+    fmt = speech.response_format
+    return fmt == "flac" or (fmt == "wav" and "stream_format" not in speech.model_fields_set)
 
 
 def _encode_all(encoder: AudioEncoder, samples: Samples) -> bytes:

@@ -111,7 +111,10 @@ export class StreamPlayer {
     const started = performance.now();
     const firstAudio = () => onFirstAudio(performance.now() - started);
     const format = request.response_format;
-    const response = await api("/v1/audio/speech", { method: "POST", json: request, signal });
+    // A wav is sent whole unless asked for streamed: ask, so that it plays as it is made (the
+    // replay and the download are rebuilt from its samples, with their real length).
+    const body = format === "wav" && !request.stream_format ? { ...request, stream_format: "audio" } : request;
+    const response = await api("/v1/audio/speech", { method: "POST", json: body, signal });
     const id = response.headers.get("X-Request-Id");
     onStart(id);
     const reader = response.body.getReader();
