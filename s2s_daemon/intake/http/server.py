@@ -39,6 +39,7 @@ from s2s_daemon.intake.http.api import (
     with_openai_names,
 )
 from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, WavEncoder, encoder_factory
+from s2s_daemon.intake.http.guard import RequestGuard, json_body
 from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.http.monitor import MonitorRoutes
 from s2s_daemon.intake.http.web import WebPage
@@ -142,6 +143,8 @@ class HttpSpeechServer:
         self.port: int | None = None
         """The port listened on, once started."""
         self._api_key: str | None = None
+        self.guard = RequestGuard(config.host, config.allowed_hosts)
+        """The Host allow-list and the same-origin rule, checked before the key."""
         self._runner: web.AppRunner | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._created = int(time.time())
@@ -257,6 +260,8 @@ class HttpSpeechServer:
         @web.middleware
         async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
             try:
+                if request.path not in OPEN_PATHS:  # the probes answer any name (they tell nothing)
+                    self.guard.check(request)
                 if request.path not in self.open_paths:
                     self._authorize(request)
                 return await handler(request)
@@ -316,7 +321,7 @@ class HttpSpeechServer:
 
     async def _speech(self, request: web.Request) -> web.StreamResponse:
         received = time.monotonic()
-        speech = parse_speech(await request.read())
+        speech = parse_speech(await json_body(request))
         parsed = parse_say(say_payload(speech, self.rules), self.rules, origin="http", received_at=received)
         if parsed.error is not None and parsed.error.code is ErrorCode.UNKNOWN_VOICE:
             parsed = dataclasses.replace(parsed, error=with_openai_names(parsed.error, self.rules))

@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from s2s_daemon import __version__
 from s2s_daemon.intake.http.api import ApiError, invalid_request, unanswered
 from s2s_daemon.intake.http.encoders import FORMATS
+from s2s_daemon.intake.http.guard import json_body
 from s2s_daemon.intake.http.live import LiveEvent
 from s2s_daemon.intake.http.voice_admin import VoiceAdmin
 from s2s_daemon.intake.schemas import StopPayload, decode_json_object, parse_say
@@ -237,7 +238,7 @@ class WebPage:
 
     async def _say(self, request: web.Request) -> web.Response:
         received = time.monotonic()
-        parsed = parse_say(await request.read(), self.server.rules, origin=ORIGIN, received_at=received)
+        parsed = parse_say(await json_body(request), self.server.rules, origin=ORIGIN, received_at=received)
         if parsed.error is not None:
             self.ledger.reject(parsed.request, parsed.error.code, parsed.error.message)
             raise invalid_request(parsed.error)
@@ -247,7 +248,7 @@ class WebPage:
         return web.json_response({"id": job.request.id, "status": "queued"}, status=202)
 
     async def _stop(self, request: web.Request) -> web.Response:
-        data, why = decode_json_object(await request.read())
+        data, why = decode_json_object(await json_body(request))
         if data is None:
             raise ApiError(400, f"request body: {why}", code="bad_payload")
         try:
