@@ -112,7 +112,7 @@ class WebPage:
 
     def __init__(self, server: HttpSpeechServer) -> None:
         self.server = server
-        self.voices = VoiceAdmin(server)
+        self.voices = VoiceAdmin(server, server.config.max_body_bytes)
 
     @property
     def ledger(self) -> Ledger:
