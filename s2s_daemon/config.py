@@ -258,6 +258,8 @@ class HttpConfig(Section):
     allowed_hosts: tuple[str, ...] = ()
     """Host names answered besides loopback names, IP addresses, ``host`` and this machine's name (a
     reverse proxy's public name); any other ``Host`` is 403 (DNS rebinding). ``"*"``: any."""
+    write_timeout_s: float = Field(10.0, gt=0, le=600)
+    """A caller that takes no bytes of its answer for this long is cut (its request ends ``interrupted``)."""
 
     @field_validator("allowed_hosts")
     @classmethod

@@ -340,7 +340,7 @@ class HttpSpeechServer:
             speech.response_format == "flac"
             or (speech.response_format == "wav" and "stream_format" not in speech.model_fields_set)
         ):
-            return await self._respond_whole(speech, job, stream)
+            return await self._respond_whole(request, speech, job, stream)
         sse = speech.stream_format == "sse"
         response: web.StreamResponse | None = None
         encoder: ThreadedEncoder | None = None
@@ -368,7 +368,7 @@ class HttpSpeechServer:
                 event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
                 data = b"data: " + json.dumps(event).encode() + b"\n\n"
             assert response is not None
-            await response.write(data)
+            await self._write(request, response, data)
 
         try:
             async for chunk in stream.chunks(job.done):
@@ -398,10 +398,10 @@ class HttpSpeechServer:
                     return response
             await send(await encoder.finish())
             if sse:
-                await response.write(self._final_event(job))
-            await response.write_eof()
+                await self._write(request, response, self._final_event(job))
+            await self._write(request, response, None)
         except ConnectionResetError:
-            pass  # a write found the client gone: its request is stopped below
+            pass  # a write found the client gone, or not reading: its request is stopped below
         finally:
             if not job.done.is_set():  # the client went away (cancelled handler or a failed write)
                 log.info("http_client_gone", sent_bytes=sent)
@@ -418,7 +418,9 @@ class HttpSpeechServer:
         )
         return response if response is not None else web.Response(status=499)
 
-    async def _respond_whole(self, speech: SpeechPayload, job: Job, stream: CallerStream) -> web.StreamResponse:
+    async def _respond_whole(
+        self, request: web.Request, speech: SpeechPayload, job: Job, stream: CallerStream
+    ) -> web.StreamResponse:
         """A file sent once complete, with its length: FLAC (libsndfile cannot stream it), and WAV
         unless ``stream_format: audio`` asks for it streamed (a streamed WAV's header cannot know its
         length). A request that fails is an error answer, not a short file."""
@@ -445,8 +447,36 @@ class HttpSpeechServer:
             body = await asyncio.get_running_loop().run_in_executor(self._executor, _encode_all, encoder, samples)
         log.info("http_speech", status=str(job.status), format=speech.response_format, stream_format="whole",
                  sent_bytes=len(body))  # fmt: skip
-        headers = {"X-Request-Id": job.request.id, "Cache-Control": "no-cache"}
-        return web.Response(body=body, headers=headers, content_type=CONTENT_TYPES[speech.response_format])
+        headers = {
+            "X-Request-Id": job.request.id,
+            "Cache-Control": "no-cache",
+            "Content-Type": CONTENT_TYPES[speech.response_format],
+        }
+        response = web.StreamResponse(headers=headers)
+        response.content_length = len(body)
+        await response.prepare(request)
+        try:
+            await self._write(request, response, body)
+            await self._write(request, response, None)
+        except ConnectionResetError:
+            pass  # the request is answered; only the connection is gone
+        return response
+
+    async def _write(self, request: web.Request, response: web.StreamResponse, data: bytes | None) -> None:
+        """Write ``data`` (None: the body's end); a client that takes none of it for
+        ``http.write_timeout_s`` is cut (``ConnectionResetError``), so that a caller that never reads
+        cannot hold a synthesis slot, and the requests behind it, for as long as it stays connected."""
+        try:
+            async with asyncio.timeout(self.config.write_timeout_s):
+                if data is None:
+                    await response.write_eof()
+                else:
+                    await response.write(data)
+        except TimeoutError:
+            log.warning("http_client_not_reading", timeout_s=self.config.write_timeout_s, action="connection cut")
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError("the client took none of its answer in time") from None
 
     @staticmethod
     def _log_failed(job: Job, sent: int, action: str) -> None:
