@@ -27,7 +27,8 @@ import structlog
 from aiohttp import web
 
 from s2s_daemon.config import HttpConfig
-from s2s_daemon.errors import ConfigError, UnavailableError
+from s2s_daemon.errors import UnavailableError
+from s2s_daemon.intake.http import key_file_exposure, read_api_key
 from s2s_daemon.intake.http.api import (
     MODEL_ALIASES,
     ApiError,
@@ -189,12 +190,9 @@ class HttpSpeechServer:
         path = self.config.api_key_file
         if path is None:
             return None
-        try:
-            key = path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"http.api_key_file: cannot read {path}: {exc}") from exc
-        if not key:
-            raise ConfigError(f"http.api_key_file: {path} is empty")
+        key = read_api_key(path)
+        if (readers := key_file_exposure(path)) is not None:
+            log.warning("api_key_file_readable", path=str(path), by=readers, hint=f"chmod 600 {path}")
         return key
 
     def app(self) -> web.Application:
