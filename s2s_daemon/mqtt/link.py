@@ -416,6 +416,7 @@ class MqttLink:
                 asyncio.get_running_loop().time(),
                 receipt,
                 redelivered=bool(message.dup),
+                retained=bool(message.retain),
             )
         )
         connection = self._connection
