@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,6 +255,20 @@ class HttpConfig(Section):
     """File holding the bearer token clients must send (``Authorization: Bearer ...``); none: open."""
     max_body_bytes: int = Field(1_048_576, ge=1024, le=64 * 1_048_576)
     """Larger request bodies are refused (413)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names answered besides loopback names, IP addresses, ``host`` and this machine's name (a
+    reverse proxy's public name); any other ``Host`` is 403 (DNS rebinding). ``"*"``: any."""
+    write_timeout_s: float = Field(10.0, gt=0, le=600)
+    """A caller that takes no bytes of its answer for this long is cut (its request ends ``interrupted``)."""
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _plain_host_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        names = tuple(name.strip().lower().rstrip(".") for name in value)
+        for name in names:
+            if name != "*" and not re.fullmatch(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?", name):
+                raise ValueError(f"{name!r} is not a host name (no scheme, port or path: 'tts.example.org')")
+        return names
 
 
 class MonitorConfig(Section):

@@ -122,15 +122,16 @@ def _mqtt_files(config: DaemonConfig) -> list[Finding]:
 
 
 def _http_key(config: DaemonConfig) -> list[Finding]:
+    from s2s_daemon.intake.http import read_api_key
+
     path = config.http.api_key_file
     if not config.http.enabled or path is None:
         return []
     try:
-        key = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return [Finding("http.api_key_file", f"cannot read {path}: {why}")]
-    return [] if key else [Finding("http.api_key_file", f"{path} is empty")]
+        read_api_key(path)
+    except ConfigError as exc:
+        return [_error_finding(exc)]
+    return []
 
 
 def _extras(config: DaemonConfig) -> list[Finding]:

@@ -635,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
         S2S_PREPARED_CACHE=str(work / "prepared"),
         S2S_VOICE_CACHE=str(work / "voice-cache"),
     )
-    (work / "api.key").write_text("sk-newcomer\n")
+    (work / "api.key").write_text("sk-newcomer-0123456789\n")  # at least 16 characters
+    (work / "api.key").chmod(0o600)  # readable by others: the daemon warns
     doors = Doors()
     print(f"s2s-daemon newcomer pass in {work}", flush=True)
     for kind in ("custom_voice", "base"):

@@ -74,7 +74,7 @@ def _audio_file(seconds: float | None = None, *, fmt: str = "WAV", silent: bool 
 
 
 def _form(audio: bytes | None = None, filename: str = "me.flac", **fields: str) -> aiohttp.FormData:
-    form = aiohttp.FormData()
+    form = aiohttp.FormData(default_to_multipart=True)  # as the page's FormData, with a file or without
     for key, value in fields.items():
         form.add_field(key, value)
     if audio is not None:
@@ -230,6 +230,8 @@ async def test_an_upload_gets_the_checks_of_voices_add_and_clear_errors(
         assert (await post(_form(wav, name="x", language="klingon"), 400))["error"]["code"] == "unsupported_language"
         async with session.post("/api/voices", data=b"name=x", headers={"Content-Type": "text/plain"}) as plain:
             assert plain.status == 415 and (await _error(plain))["code"] == "unsupported_media_type"
+        async with session.post("/api/voices", data={"name": "x", "instruct": "A voice."}) as urlencoded:
+            assert urlencoded.status == 415 and (await _error(urlencoded))["code"] == "unsupported_media_type"
         monkeypatch.setattr(voice_admin, "MAX_REFERENCE_BYTES", 1000)
         assert (await post(_form(wav, name="big"), 413))["error"]["code"] == "request_too_large"
         page, _ = await _voice_names(session)

@@ -59,6 +59,7 @@ from s2s_daemon.pipeline.vocabulary import (
     EngineError,
     EngineInfo,
     UnsupportedLanguageError,
+    model_name,
     normalize_language,
 )
 
@@ -130,7 +131,8 @@ def describe(info: EngineInfo, site_id: str, library: tuple[str, ...] = ()) -> I
     ]
     program = TtsProgram(
         name=f"s2s {site_id}",
-        description=f"Qwen3-TTS {info.model} on {info.device} (s2s-daemon, site {site_id})",
+        # a local checkpoint by its folder's name: its path says whose home it is in, to anyone on the network
+        description=f"Qwen3-TTS {model_name(info.model)} on {info.device} (s2s-daemon, site {site_id})",
         attribution=attribution,
         installed=True,
         version=__version__,

@@ -12,10 +12,16 @@ writing those unsolicited messages to its closed socket draws a TCP reset, and t
 discards the PUBLISH still unread in the broker's receive buffer: the request is lost
 without a trace. ``_LoopbackBroker`` sends retained messages only for a subscription the
 client has just made, as MQTT 3.1.1 says ([MQTT-3.3.1-6]).
+
+amqtt also reads a packet of any declared length (up to MQTT's 256 MB) whole, and keeps every
+retained message in the daemon's memory. ``_LoopbackBroker`` closes a connection that announces a
+packet over ``MAX_PACKET_BYTES`` before reading it, and keeps at most ``MAX_RETAINED`` retained
+topics of ``MAX_RETAINED_BYTES`` together (a retained message past them is delivered, not kept).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 from typing import Any
@@ -31,12 +37,46 @@ _subscribing: contextvars.ContextVar[object | None] = contextvars.ContextVar("s2
 """The session whose SUBSCRIBE is being handled in this connection's task, if any."""
 
 
-_HOOKS = ("_handle_subscription", "_publish_retained_messages_for_subscription")
+MAX_PACKET_BYTES = 4 * 1024 * 1024 + 64 * 1024
+"""The largest packet read: the largest request payload the intake takes (``intake.schemas.MAX_PAYLOAD_BYTES``),
+its topic and headers."""
+MAX_RETAINED = 1000
+"""Retained topics kept (the daemon's own: its status, info and state, Home Assistant's discovery)."""
+MAX_RETAINED_BYTES = 16 * 1024 * 1024
+"""Retained payloads kept, together."""
+
+_HOOKS = (
+    "_handle_subscription",
+    "_publish_retained_messages_for_subscription",
+    "retain_message",
+    "stream_connected",
+    "_client_connected",
+)
 """amqtt's internals that ``_LoopbackBroker`` overrides (pyproject pins the releases that have them)."""
 
 
 def _broker_class() -> type[Any]:
+    from amqtt.adapters import StreamReaderAdapter, StreamWriterAdapter
     from amqtt.broker import Broker
+
+    class _BoundedReader(StreamReaderAdapter):  # type: ignore[misc]
+        """Refuses a read longer than ``MAX_PACKET_BYTES`` (a packet's rest is read in one call) and
+        every read after it: the connection is closed, and amqtt sees the end of its stream."""
+
+        def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            super().__init__(reader)
+            self._writer = writer
+            self._refused = False
+
+        async def read(self, n: int = -1) -> bytes:
+            if n > MAX_PACKET_BYTES and not self._refused:
+                self._refused = True
+                peer = self._writer.get_extra_info("peername")
+                log.warning("embedded_broker_packet_refused", bytes=n, limit=MAX_PACKET_BYTES, peer=str(peer))
+                self._writer.transport.abort()
+            if self._refused:
+                raise asyncio.IncompleteReadError(b"", n if n > 0 else None)
+            return bytes(await super().read(n))
 
     missing = [name for name in _HOOKS if not hasattr(Broker, name)]
     if missing:
@@ -54,6 +94,28 @@ def _broker_class() -> type[Any]:
             # Called on SUBSCRIBE (send) and, for every filter in the broker, on each CONNECT (skip).
             if _subscribing.get() is session:
                 await super()._publish_retained_messages_for_subscription(subscription, session)
+
+        async def stream_connected(
+            self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener_name: str
+        ) -> None:
+            await self._client_connected(listener_name, _BoundedReader(reader, writer), StreamWriterAdapter(writer))
+
+        async def retain_message(self, source_session: Any, topic_name: Any, data: Any, qos: Any = None) -> None:
+            if data and topic_name is not None:
+                kept: dict[str, Any] = self._retained_messages
+                old = kept.get(topic_name)
+                held = sum(len(m.data) for m in kept.values()) - (len(old.data) if old is not None else 0)
+                if held + len(data) > MAX_RETAINED_BYTES or (old is None and len(kept) >= MAX_RETAINED):
+                    log.warning(
+                        "embedded_broker_retained_refused",
+                        topic=topic_name,
+                        bytes=len(data),
+                        topics=len(kept),
+                        limit_topics=MAX_RETAINED,
+                        limit_bytes=MAX_RETAINED_BYTES,
+                    )
+                    return
+            await super().retain_message(source_session, topic_name, data, qos)
 
     return _LoopbackBroker
 

@@ -418,6 +418,7 @@ class MqttLink:
                 asyncio.get_running_loop().time(),
                 receipt,
                 redelivered=bool(message.dup),
+                retained=bool(message.retain),
             )
         )
         connection = self._connection

@@ -90,6 +90,8 @@ class InMessage:
     """The acknowledgement still owed for a QoS 1 message; None for QoS 0."""
     redelivered: bool = False
     """The broker's DUP flag: it may have sent this message before (a reconnect, a resumed session)."""
+    retained: bool = False
+    """The broker's RETAIN flag: a message kept from before our subscription, not one sent now."""
 
     def ack(self) -> None:
         """Let the broker forget this message (a PUBACK, in arrival order); idempotent.

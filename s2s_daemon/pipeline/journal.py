@@ -28,6 +28,7 @@ import concurrent.futures
 import json
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -72,6 +73,28 @@ CREATE TABLE IF NOT EXISTS outgoing (
 
 class JournalError(Exception):
     """A journal write failed (disk full, I/O error); the message names the file."""
+
+
+PRIVATE_SUFFIXES = ("", "-wal", "-shm", "-journal")
+"""The journal's file and SQLite's files beside it (which SQLite creates with the journal's mode)."""
+
+
+def make_private(path: Path) -> None:
+    """Create ``path`` readable and writable by its owner only (0600), whatever the umask (outside
+    systemd's ``UMask=0077`` it is usually 022: world-readable), or take the group's and others'
+    access off it and its SQLite companions when an earlier run left them open: the journal keeps
+    the requests' texts."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+    for suffix in PRIVATE_SUFFIXES:
+        companion = path.with_name(path.name + suffix)
+        try:
+            mode = stat.S_IMODE(companion.stat().st_mode)
+        except FileNotFoundError:
+            continue
+        if mode & 0o077:
+            companion.chmod(mode & 0o700)
+            log.info("journal_made_private", path=str(companion), was=oct(mode), now=oct(mode & 0o700))
 
 
 def held_message(path: Path, holder: str | None) -> str:
@@ -228,6 +251,7 @@ class RequestJournal:
         naming the path when it cannot be opened or written."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_private(self.path)
             # The writer's worker thread commits: one thread at a time, under ``_lock``.
             db = sqlite3.connect(self.path, timeout=LOCK_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         except (OSError, sqlite3.Error) as exc:

@@ -2,13 +2,14 @@
 rename | remove`` and the web page's voice endpoints both do to ``tts.voices_dir``.
 
 ``read_audio`` reads what libsndfile reads (WAV, FLAC, OGG, MP3 with libsndfile >= 1.1), mixes to
-mono and resamples to 24 kHz (soxr); ``check_audio`` refuses a recording shorter than 3 s or longer
-than 30 s or a silent one (unless forced) and warns about clipping; ``add_voice`` writes a voice whole
-(staged, then renamed into place) with ``ref.wav`` as 16-bit PCM.
+mono and resamples to 24 kHz (soxr), never more than 60 s of it; ``check_audio`` refuses a recording
+shorter than 3 s or longer than 30 s or a silent one (unless forced) and warns about clipping;
+``add_voice`` writes a voice whole (staged, then renamed into place) with ``ref.wav`` as 16-bit PCM.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -30,11 +31,21 @@ CLIP_SHARE = 0.001
 """More than this share of samples at full scale: clipped."""
 SILENCE_RMS = 0.003
 """Below this RMS (about -50 dBFS) the recording is taken for silence."""
+MAX_READ_S = 60.0
+"""The longest recording read at all, ``force`` or not: the rest is never decoded."""
+MIN_RATE_HZ = 8000
+MAX_RATE_HZ = 192_000
+MAX_CHANNELS = 8
+BLOCK_FRAMES = 65_536
+"""Frames decoded at a time (mixed to mono before the next block)."""
 
+RACED = frozenset({errno.EEXIST, errno.ENOTEMPTY, errno.ENOENT, errno.ENOTDIR, errno.EISDIR})
+"""What a voice's folder being added or removed by another edit at the same time raises."""
 
 EXIT_OF_CODE = {
     "missing_audio": EXIT_NOINPUT,  # the recording's file is not there or cannot be opened
     "unreadable_audio": EXIT_DATAERR,  # it is there, but no recording libsndfile reads
+    "unsupported_audio": EXIT_DATAERR,  # a sample rate or channel count out of bounds
     "reference_length": EXIT_DATAERR,
     "silent_reference": EXIT_DATAERR,
     "voice_not_found": EXIT_FAILURE,
@@ -65,7 +76,14 @@ class ReferenceStats:
 
 
 def read_audio(source: Path | BinaryIO, label: str | None = None) -> npt.NDArray[np.float32]:
-    """Any file libsndfile reads (a path or an open binary file), as mono float32 at 24 kHz."""
+    """Any file libsndfile reads (a path or an open binary file), as mono float32 at 24 kHz.
+
+    Its header is checked before anything is decoded (a 25 KB WAV declaring 1 Hz would decode and
+    resample to gigabytes): a sample rate outside ``MIN_RATE_HZ``-``MAX_RATE_HZ`` or more than
+    ``MAX_CHANNELS`` channels is ``unsupported_audio``; a recording longer than ``MAX_READ_S`` is
+    ``reference_length``, from its header or once that much is decoded (block by block, mixed to
+    mono as it comes), whichever says so first.
+    """
     import soundfile
 
     label = label or str(source)
@@ -75,20 +93,52 @@ def read_audio(source: Path | BinaryIO, label: str | None = None) -> npt.NDArray
                 f.read(1)
         except OSError as exc:
             raise VoiceEditError("missing_audio", f"{label}: {exc.strerror or exc}") from exc
+    blocks: list[npt.NDArray[np.float32]] = []
     try:
-        data, rate = soundfile.read(
-            str(source) if isinstance(source, Path) else source, dtype="float32", always_2d=True
-        )
+        with soundfile.SoundFile(str(source) if isinstance(source, Path) else source) as sound:
+            rate = int(sound.samplerate)
+            limit = _check_format(sound.samplerate, sound.channels, sound.frames, label)
+            read = 0
+            for block in sound.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True):
+                read += len(block)
+                if read > limit:
+                    raise _too_long(f"more than {MAX_READ_S:g} s", label)
+                blocks.append(block.mean(axis=1, dtype=np.float32))
     except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:
         why = getattr(exc, "error_string", None) or str(exc)
         message = f"{label}: not a recording this can read (WAV, FLAC, OGG, MP3): {why}"
         raise VoiceEditError("unreadable_audio", message) from exc
-    mono = data.mean(axis=1).astype(np.float32)
+    mono = np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
     if rate != RATE_HZ:
         import soxr
 
         mono = soxr.resample(mono, rate, RATE_HZ).astype(np.float32)
     return np.ascontiguousarray(mono)
+
+
+def _check_format(rate: int, channels: int, frames: int, label: str) -> int:
+    """The most frames of this recording that are read; VoiceEditError for a format out of bounds."""
+    if not MIN_RATE_HZ <= rate <= MAX_RATE_HZ:
+        raise VoiceEditError(
+            "unsupported_audio",
+            f"{label}: its sample rate is {rate} Hz; a recording should be {MIN_RATE_HZ}-{MAX_RATE_HZ} Hz",
+        )
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise VoiceEditError(
+            "unsupported_audio", f"{label}: it has {channels} channels; a recording should have 1-{MAX_CHANNELS}"
+        )
+    limit = round(MAX_READ_S * rate)
+    if frames > limit:
+        raise _too_long(f"{frames / rate:.1f} s", label)
+    return limit
+
+
+def _too_long(length: str, label: str) -> VoiceEditError:
+    return VoiceEditError(
+        "reference_length",
+        f"{label}: the recording is {length}; at most {MAX_READ_S:g} s is read, even forced"
+        f" (a reference should be {MIN_S:g}-{MAX_S:g} s)",
+    )
 
 
 def measure(audio: npt.NDArray[np.float32]) -> ReferenceStats:
@@ -179,11 +229,20 @@ def add_voice(
 
             meta = {k: v for k, v in (("language", language), ("description", description)) if v}
             (staging / META).write_text(yaml.safe_dump(meta, allow_unicode=True), encoding="utf-8")
-        if target.is_symlink() or target.is_file():
-            target.unlink()
-        elif target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
+        try:
+            if replace and (target.is_symlink() or target.is_file()):
+                target.unlink()
+            elif replace and target.exists():
+                shutil.rmtree(target)
+            staging.rename(target)  # without replace, a voice made since the check stays: this fails
+        except OSError as exc:
+            if exc.errno not in RACED:
+                raise
+            # Another edit (the web page and the command line at once) made or removed the voice
+            # between the check above and here.
+            raise VoiceEditError(
+                "voice_exists", f"voice {name!r} in {root} was changed by another edit at the same time; try again"
+            ) from exc
     finally:
         if staging.exists():
             shutil.rmtree(staging)

@@ -27,7 +27,8 @@ import structlog
 from aiohttp import web
 
 from s2s_daemon.config import HttpConfig
-from s2s_daemon.errors import ConfigError, UnavailableError
+from s2s_daemon.errors import UnavailableError
+from s2s_daemon.intake.http import key_file_exposure, read_api_key
 from s2s_daemon.intake.http.api import (
     MODEL_ALIASES,
     ApiError,
@@ -39,6 +40,7 @@ from s2s_daemon.intake.http.api import (
     with_openai_names,
 )
 from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, WavEncoder, encoder_factory
+from s2s_daemon.intake.http.guard import RequestGuard, json_body
 from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.http.monitor import MonitorRoutes
 from s2s_daemon.intake.http.web import WebPage
@@ -142,6 +144,8 @@ class HttpSpeechServer:
         self.port: int | None = None
         """The port listened on, once started."""
         self._api_key: str | None = None
+        self.guard = RequestGuard(config.host, config.allowed_hosts)
+        """The Host allow-list and the same-origin rule, checked before the key."""
         self._runner: web.AppRunner | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._created = int(time.time())
@@ -186,12 +190,9 @@ class HttpSpeechServer:
         path = self.config.api_key_file
         if path is None:
             return None
-        try:
-            key = path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"http.api_key_file: cannot read {path}: {exc}") from exc
-        if not key:
-            raise ConfigError(f"http.api_key_file: {path} is empty")
+        key = read_api_key(path)
+        if (readers := key_file_exposure(path)) is not None:
+            log.warning("api_key_file_readable", path=str(path), by=readers, hint=f"chmod 600 {path}")
         return key
 
     def app(self) -> web.Application:
@@ -257,6 +258,8 @@ class HttpSpeechServer:
         @web.middleware
         async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
             try:
+                if request.path not in OPEN_PATHS:  # the probes answer any name (they tell nothing)
+                    self.guard.check(request)
                 if request.path not in self.open_paths:
                     self._authorize(request)
                 return await handler(request)
@@ -316,7 +319,7 @@ class HttpSpeechServer:
 
     async def _speech(self, request: web.Request) -> web.StreamResponse:
         received = time.monotonic()
-        speech = parse_speech(await request.read())
+        speech = parse_speech(await json_body(request))
         parsed = parse_say(say_payload(speech, self.rules), self.rules, origin="http", received_at=received)
         if parsed.error is not None and parsed.error.code is ErrorCode.UNKNOWN_VOICE:
             parsed = dataclasses.replace(parsed, error=with_openai_names(parsed.error, self.rules))
@@ -332,7 +335,7 @@ class HttpSpeechServer:
         self, request: web.Request, speech: SpeechPayload, job: Job, stream: CallerStream
     ) -> web.StreamResponse:
         if stream.whole:
-            return await self._respond_whole(speech, job, stream)
+            return await self._respond_whole(request, speech, job, stream)
         sse = speech.stream_format == "sse"
         response: web.StreamResponse | None = None
         encoder: ThreadedEncoder | None = None
@@ -360,7 +363,7 @@ class HttpSpeechServer:
                 event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
                 data = b"data: " + json.dumps(event).encode() + b"\n\n"
             assert response is not None
-            await response.write(data)
+            await self._write(request, response, data)
 
         try:
             async for chunk in stream.chunks(job.done):
@@ -390,10 +393,10 @@ class HttpSpeechServer:
                     return response
             await send(await encoder.finish())
             if sse:
-                await response.write(self._final_event(job))
-            await response.write_eof()
+                await self._write(request, response, self._final_event(job))
+            await self._write(request, response, None)
         except ConnectionResetError:
-            pass  # a write found the client gone: its request is stopped below
+            pass  # a write found the client gone, or not reading: its request is stopped below
         finally:
             if not job.done.is_set():  # the client went away (cancelled handler or a failed write)
                 log.info("http_client_gone", sent_bytes=sent)
@@ -410,7 +413,9 @@ class HttpSpeechServer:
         )
         return response if response is not None else web.Response(status=499)
 
-    async def _respond_whole(self, speech: SpeechPayload, job: Job, stream: CallerStream) -> web.StreamResponse:
+    async def _respond_whole(
+        self, request: web.Request, speech: SpeechPayload, job: Job, stream: CallerStream
+    ) -> web.StreamResponse:
         """A file sent once complete, with its length: FLAC (libsndfile cannot stream it), and WAV
         unless ``stream_format: audio`` asks for it streamed (a streamed WAV's header cannot know its
         length). A request that fails is an error answer, not a short file."""
@@ -438,8 +443,36 @@ class HttpSpeechServer:
             body = await asyncio.get_running_loop().run_in_executor(self._executor, _encode_all, encoder, samples)
         log.info("http_speech", status=str(job.status), format=speech.response_format, stream_format="whole",
                  sent_bytes=len(body))  # fmt: skip
-        headers = {"X-Request-Id": job.request.id, "Cache-Control": "no-cache"}
-        return web.Response(body=body, headers=headers, content_type=CONTENT_TYPES[speech.response_format])
+        headers = {
+            "X-Request-Id": job.request.id,
+            "Cache-Control": "no-cache",
+            "Content-Type": CONTENT_TYPES[speech.response_format],
+        }
+        response = web.StreamResponse(headers=headers)
+        response.content_length = len(body)
+        await response.prepare(request)
+        try:
+            await self._write(request, response, body)
+            await self._write(request, response, None)
+        except ConnectionResetError:
+            pass  # the request is answered; only the connection is gone
+        return response
+
+    async def _write(self, request: web.Request, response: web.StreamResponse, data: bytes | None) -> None:
+        """Write ``data`` (None: the body's end); a client that takes none of it for
+        ``http.write_timeout_s`` is cut (``ConnectionResetError``), so that a caller that never reads
+        cannot hold a synthesis slot, and the requests behind it, for as long as it stays connected."""
+        try:
+            async with asyncio.timeout(self.config.write_timeout_s):
+                if data is None:
+                    await response.write_eof()
+                else:
+                    await response.write(data)
+        except TimeoutError:
+            log.warning("http_client_not_reading", timeout_s=self.config.write_timeout_s, action="connection cut")
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError("the client took none of its answer in time") from None
 
     @staticmethod
     def _log_failed(job: Job, sent: int, action: str) -> None:

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import stat
+from pathlib import Path
 from typing import Any, Protocol
 
 from aiohttp import BodyPartReader, web
 from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 
 from s2s_daemon.intake.http.api import ApiError
+from s2s_daemon.intake.http.guard import json_body
 from s2s_daemon.intake.schemas import IntakeRules, decode_json_object, resolve_voice
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, normalize_language
 from s2s_daemon.pipeline.voice_edits import (
@@ -32,6 +36,8 @@ from s2s_daemon.pipeline.voice_edits import (
 )
 from s2s_daemon.pipeline.voices import MAX_TEXT_BYTES, LibraryVoice, VoiceKind, VoiceLibrary, read_voice
 
+READ_CHUNK_BYTES = 256 * 1024
+"""A recording is sent in pieces of this size."""
 MAX_REFERENCE_BYTES = 24 * 1024 * 1024
 """The largest recording accepted: 30 s of 48 kHz stereo float WAV (11.5 MB) fits twice."""
 STATUS_OF_CODE = {"voice_exists": 409, "name_taken": 409, "voice_not_found": 404}
@@ -43,12 +49,13 @@ PARAM_OF_CODE = {
     "reference_length": "audio",
     "silent_reference": "audio",
     "unreadable_audio": "audio",
+    "unsupported_audio": "audio",
 }
 MODELS_FOR = {VoiceKind.CLONE: "a Base model", VoiceKind.DESIGN: "a VoiceDesign model"}
 
 
 class VoiceFields(BaseModel):
-    """``POST /api/voices``: form fields (multipart with the file ``audio``, or urlencoded) or a JSON object."""
+    """``POST /api/voices``: a multipart form (the recording as the file ``audio``) or a JSON object."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -108,8 +115,10 @@ class PipelineSource(Protocol):
 class VoiceAdmin:
     """The ``/api/voices`` endpoints over ``rules.library``. The constructor does no I/O."""
 
-    def __init__(self, source: PipelineSource) -> None:
+    def __init__(self, source: PipelineSource, max_fields_bytes: int) -> None:
         self.source = source
+        self.max_fields_bytes = max_fields_bytes
+        """A form's fields together, the recording aside (``http.max_body_bytes``)."""
         self._edits = asyncio.Lock()
         """One library edit at a time."""
 
@@ -220,9 +229,40 @@ class VoiceAdmin:
 
     async def _reference(self, request: web.Request) -> web.StreamResponse:
         voice = await asyncio.to_thread(self._find_blocking, request.match_info["name"])
-        if voice.ref_audio is None:
-            raise ApiError(404, f"voice {voice.name!r} has no recording", code="no_reference", param="name")
-        return web.FileResponse(voice.ref_audio, headers={"Content-Type": "audio/wav", "Cache-Control": "no-store"})
+        fd = await asyncio.to_thread(self._open_reference_blocking, voice)
+        try:
+            response = web.StreamResponse(headers={"Content-Type": "audio/wav", "Cache-Control": "no-store"})
+            response.content_length = os.fstat(fd).st_size
+            await response.prepare(request)
+            while chunk := await asyncio.to_thread(os.read, fd, READ_CHUNK_BYTES):
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+        finally:
+            os.close(fd)
+
+    def _open_reference_blocking(self, voice: LibraryVoice) -> int:
+        """The voice's recording, opened once and served from that descriptor: a regular file (not a
+        link: ``O_NOFOLLOW``) that is the very file its path resolves to inside the voices folder. A
+        check of the path and then a second open could serve whatever the path was swapped for
+        between them (a link to a file outside the folder)."""
+        path = voice.ref_audio
+        missing = ApiError(404, f"voice {voice.name!r} has no recording", code="no_reference", param="name")
+        if path is None:
+            raise missing
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            raise missing from exc
+        try:
+            served = _is_the_file_inside(fd, path, self.library.root)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not served:
+            os.close(fd)
+            raise missing
+        return fd
 
     # -- editing -------------------------------------------------------------------------
 
@@ -313,8 +353,6 @@ class VoiceAdmin:
             if data is None:
                 raise ApiError(400, f"request body: {why}", code="bad_payload")
             return data, None, None
-        if request.content_type == "application/x-www-form-urlencoded":  # a form without a file
-            return {key: str(value) for key, value in (await request.post()).items()}, None, None
         if request.content_type != "multipart/form-data":
             raise ApiError(
                 415,
@@ -322,24 +360,42 @@ class VoiceAdmin:
                 f" not {request.content_type or 'no content type'}",
                 code="unsupported_media_type",
             )
+        # Read part by part, each name once and only the known ones, so that a form is never read
+        # past its bounds: the recording's MAX_REFERENCE_BYTES and the fields' max_fields_bytes.
         fields: dict[str, Any] = {}
         upload: bytes | None = None
         filename: str | None = None
+        left = self.max_fields_bytes
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
-            if not isinstance(part, BodyPartReader) or part.name is None:
+            name = part.name if isinstance(part, BodyPartReader) else None
+            if not isinstance(part, BodyPartReader) or name is None:
                 raise ApiError(400, "every part of the form needs a name", code="bad_payload")
-            if part.name == "audio":
-                upload = await _read_part(part, MAX_REFERENCE_BYTES, "audio")
+            if name != "audio" and name not in VoiceFields.model_fields:
+                known = ", ".join(["audio", *VoiceFields.model_fields])
+                raise ApiError(400, f"{name}: unknown field (the fields: {known})", code="bad_payload", param=name)
+            if name in fields or (name == "audio" and upload is not None):
+                raise ApiError(400, f"{name}: sent twice", code="bad_payload", param=name)
+            if name == "audio":
+                upload = await _read_part(
+                    part, MAX_REFERENCE_BYTES, f"audio is larger than {MAX_REFERENCE_BYTES} bytes"
+                )
                 filename = part.filename
+                continue
+            if left < MAX_TEXT_BYTES:
+                value = await _read_part(
+                    part, left, f"the form's fields are larger than {self.max_fields_bytes} bytes (http.max_body_bytes)"
+                )
             else:
-                fields[part.name] = (await _read_part(part, MAX_TEXT_BYTES, part.name)).decode("utf-8", "replace")
+                value = await _read_part(part, MAX_TEXT_BYTES, f"{name} is larger than {MAX_TEXT_BYTES} bytes")
+            left -= len(value)
+            fields[name] = value.decode("utf-8", "replace")
         if upload is not None and not upload:
             raise ApiError(400, "audio: the file is empty", code="bad_payload", param="audio")
         return fields, upload, filename
 
     async def _rename(self, request: web.Request) -> web.Response:
-        data, why = decode_json_object(await request.read())
+        data, why = decode_json_object(await json_body(request))
         if data is None:
             raise ApiError(400, f"request body: {why}", code="bad_payload")
         try:
@@ -371,10 +427,22 @@ class VoiceAdmin:
             return web.json_response(await asyncio.to_thread(remove_blocking))
 
 
-async def _read_part(part: BodyPartReader, limit: int, name: str) -> bytes:
+def _is_the_file_inside(fd: int, path: Path, root: Path) -> bool:
+    """Whether ``fd`` is a regular file and the very file ``path`` resolves to, inside ``root``."""
+    opened = os.fstat(fd)
+    try:
+        real = path.resolve(strict=True)
+        inside = real.is_relative_to(root.resolve(strict=True))
+        return stat.S_ISREG(opened.st_mode) and inside and os.path.samestat(opened, os.stat(real))
+    except (OSError, RuntimeError):  # gone meanwhile, or a loop of links
+        return False
+
+
+async def _read_part(part: BodyPartReader, limit: int, too_large: str) -> bytes:
+    """The part's bytes; 413 ``too_large`` as soon as more than ``limit`` came (nothing more is read)."""
     data = bytearray()
     while chunk := await part.read_chunk():
         data += chunk
         if len(data) > limit:
-            raise ApiError(413, f"{name} is larger than {limit} bytes", code="request_too_large", param=name)
+            raise ApiError(413, too_large, code="request_too_large", param=part.name)
     return bytes(data)

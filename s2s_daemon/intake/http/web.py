@@ -5,8 +5,9 @@ build step, nothing fetched from elsewhere) and are served without the bearer to
 ``GET /api/auth`` (whether calls need it); the page asks for the key and sends it with every call.
 Its data calls are authenticated like the API:
 
-- ``GET /api/status``: the engine, the machine, the state, the requests in hand and the recent
-  history of latency and memory events;
+- ``GET /api/status``: the engine, the machine (null for a caller without the key on a daemon with one,
+  or on another machine when there is none), the state, the requests in hand and the recent history
+  of latency and memory events;
 - ``GET /api/events``: the same as a Server-Sent Events stream (``snapshot`` first), then every event
   the daemon publishes over MQTT, as published (``state``, ``started``, ``finished``, ``latency``,
   ``memory``, ``info``), and ``jobs`` after each change of the requests in hand;
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ipaddress
 import json
 import os
 import platform
@@ -36,6 +38,7 @@ from pydantic import ValidationError
 from s2s_daemon import __version__
 from s2s_daemon.intake.http.api import ApiError, invalid_request, unanswered
 from s2s_daemon.intake.http.encoders import FORMATS
+from s2s_daemon.intake.http.guard import json_body
 from s2s_daemon.intake.http.live import LiveEvent
 from s2s_daemon.intake.http.voice_admin import VoiceAdmin
 from s2s_daemon.intake.schemas import StopPayload, decode_json_object, parse_say
@@ -111,7 +114,7 @@ class WebPage:
 
     def __init__(self, server: HttpSpeechServer) -> None:
         self.server = server
-        self.voices = VoiceAdmin(server)
+        self.voices = VoiceAdmin(server, server.config.max_body_bytes)
 
     @property
     def ledger(self) -> Ledger:
@@ -163,7 +166,7 @@ class WebPage:
         state, current = self.ledger.state()
         return {"state": state, "queue": len(self.ledger.queue), "currentId": current}
 
-    def snapshot(self, machine_info: dict[str, Any]) -> dict[str, Any]:
+    def snapshot(self, machine_info: dict[str, Any] | None) -> dict[str, Any]:
         """Everything the live view shows, now (built without a pause: no event falls between it and
         a subscription made just before)."""
         info = self.server.info
@@ -190,7 +193,15 @@ class WebPage:
         }
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.snapshot(await asyncio.to_thread(machine)))
+        return web.json_response(self.snapshot(await self._machine_for(request)))
+
+    async def _machine_for(self, request: web.Request) -> dict[str, Any] | None:
+        """The machine (host name, kernel, CPU, memory) for a caller that sent the key, or, on a
+        daemon without one, a caller on this machine; None for others: it tells a stranger what to
+        attack and helps nobody else."""
+        if self.server.auth_required or _is_loopback(request.remote):
+            return await asyncio.to_thread(machine)
+        return None
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         self.server.require_attached()  # 503 while the model loads: said before the stream starts
@@ -199,7 +210,7 @@ class WebPage:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         )
         await response.prepare(request)
-        machine_info = await asyncio.to_thread(machine)
+        machine_info = await self._machine_for(request)
         try:
             if feed is None:  # no live events (a server built without the feed): the snapshot only
                 await _send(response, "snapshot", self.snapshot(machine_info))
@@ -237,7 +248,7 @@ class WebPage:
 
     async def _say(self, request: web.Request) -> web.Response:
         received = time.monotonic()
-        parsed = parse_say(await request.read(), self.server.rules, origin=ORIGIN, received_at=received)
+        parsed = parse_say(await json_body(request), self.server.rules, origin=ORIGIN, received_at=received)
         if parsed.error is not None:
             self.ledger.reject(parsed.request, parsed.error.code, parsed.error.message)
             raise invalid_request(parsed.error)
@@ -247,7 +258,7 @@ class WebPage:
         return web.json_response({"id": job.request.id, "status": "queued"}, status=202)
 
     async def _stop(self, request: web.Request) -> web.Response:
-        data, why = decode_json_object(await request.read())
+        data, why = decode_json_object(await json_body(request))
         if data is None:
             raise ApiError(400, f"request body: {why}", code="bad_payload")
         try:
@@ -261,6 +272,13 @@ class WebPage:
         else:
             stopped = int(self.ledger.stop_current())
         return web.json_response({"stopped": stopped})
+
+
+def _is_loopback(remote: str | None) -> bool:
+    try:
+        return remote is not None and ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False
 
 
 async def _send(response: web.StreamResponse, kind: str, payload: dict[str, Any]) -> None:

@@ -241,10 +241,15 @@ function renderEngine() {
     ["Device", engine.device],
     ["Sample rate", `${engine.sampleRate} Hz`],
     ["Daemon", `${snap.version} · site ${snap.siteId}`],
-    ["Machine", `${machine.hostname} · ${machine.system} · ${machine.arch}`],
-    ["CPU", `${machine.cpu} · ${machine.cores} cores`],
-    ["Memory", `${Math.round(machine.memory_mib / 1024)} GiB`],
-    ["Python", machine.python],
+    // null: the daemon shows its machine only to callers with the key, or on the machine itself
+    ...(machine
+      ? [
+          ["Machine", `${machine.hostname} · ${machine.system} · ${machine.arch}`],
+          ["CPU", `${machine.cpu} · ${machine.cores} cores`],
+          ["Memory", `${Math.round(machine.memory_mib / 1024)} GiB`],
+          ["Python", machine.python],
+        ]
+      : [["Machine", "not shown to other machines without an API key"]]),
   ];
   $("live-engine").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
 }
