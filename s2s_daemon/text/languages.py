@@ -8,8 +8,6 @@ apart from letters), and an unknown language gets no rewritten numbers (the text
 
 from __future__ import annotations
 
-import unicodedata
-
 from s2s_daemon.pipeline.vocabulary import LANGUAGE_ALIASES
 
 LANGUAGES = ("en", "de", "fr", "es", "it", "pt", "ru", "zh", "ja", "ko")
@@ -61,14 +59,8 @@ def guess_language(text: str) -> str | None:
 
 
 def is_cjk(char: str) -> bool:
-    """A Han, kana or Hangul character, or a full-width CJK mark (text that needs no spaces)."""
-    return char >= "\u2e80" and (
-        char <= "\u9fff" or "\uac00" <= char <= "\ud7a3" or "\uf900" <= char <= "\ufaff" or "\uff00" <= char <= "\uffef"
-    )
-
-
-def is_letter_or_digit(char: str) -> bool:
-    return char.isalnum() or unicodedata.category(char) == "So"
+    """A Han or kana character or a full-width mark: text written without spaces (not Korean's)."""
+    return char >= "\u2e80" and (char <= "\u9fff" or "\uf900" <= char <= "\ufaff" or "\uff00" <= char <= "\uffef")
 
 
 DOT = {"en": "dot", "de": "Punkt", "fr": "point", "es": "punto", "it": "punto", "pt": "ponto", "ru": "точка"}
@@ -268,32 +260,28 @@ CURRENCIES: dict[str, dict[str, Forms]] = {
         "ko": ("{n}엔",),
     },
     "CNY": {"zh": ("{n}元",)},
+    "BRL": {"pt": ("{n} real", "{n} reais"), "en": ("{n} real", "{n} reais"), "es": ("{n} real", "{n} reales")},
 }
 """Currencies by ISO code: the forms of an amount's words (``¥`` is yuan in Chinese, yen elsewhere)."""
 
 TIME_UNITS: dict[str, tuple[Forms, Forms, Forms, str]] = {
-    "en": (("{n} hour", "{n} hours"), ("{n} minute", "{n} minutes"), ("{n} second", "{n} seconds"), "{h}, {m} and {s}"),
-    "de": (("{n} Uhr",), ("{n} Minute", "{n} Minuten"), ("{n} Sekunde", "{n} Sekunden"), "{h} {m} und {s}"),
-    "fr": (
-        ("{n} heure", "{n} heures"),
-        ("{n} minute", "{n} minutes"),
-        ("{n} seconde", "{n} secondes"),
-        "{h} {m} et {s}",
-    ),
-    "es": (("{n} hora", "{n} horas"), ("{n} minuto", "{n} minutos"), ("{n} segundo", "{n} segundos"), "{h}, {m} y {s}"),
-    "it": (("{n} ora", "{n} ore"), ("{n} minuto", "{n} minuti"), ("{n} secondo", "{n} secondi"), "{h}, {m} e {s}"),
-    "pt": (("{n} hora", "{n} horas"), ("{n} minuto", "{n} minutos"), ("{n} segundo", "{n} segundos"), "{h}, {m} e {s}"),
+    "en": (("{n} hour", "{n} hours"), ("{n} minute", "{n} minutes"), ("{n} second", "{n} seconds"), "and"),
+    "de": (("{n} Stunde", "{n} Stunden"), ("{n} Minute", "{n} Minuten"), ("{n} Sekunde", "{n} Sekunden"), "und"),
+    "fr": (("{n} heure", "{n} heures"), ("{n} minute", "{n} minutes"), ("{n} seconde", "{n} secondes"), "et"),
+    "es": (("{n} hora", "{n} horas"), ("{n} minuto", "{n} minutos"), ("{n} segundo", "{n} segundos"), "y"),
+    "it": (("{n} ora", "{n} ore"), ("{n} minuto", "{n} minuti"), ("{n} secondo", "{n} secondi"), "e"),
+    "pt": (("{n} hora", "{n} horas"), ("{n} minuto", "{n} minutos"), ("{n} segundo", "{n} segundos"), "e"),
     "ru": (
         ("{n} час", "{n} часа", "{n} часов"),
         ("{n} минута", "{n} минуты", "{n} минут"),
         ("{n} секунда", "{n} секунды", "{n} секунд"),
-        "{h} {m} {s}",
+        "",
     ),
-    "zh": (("{n}点",), ("{n}分",), ("{n}秒",), "{h}{m}{s}"),
-    "ja": (("{n}時",), ("{n}分",), ("{n}秒",), "{h}{m}{s}"),
-    "ko": (("{n}시",), ("{n}분",), ("{n}초",), "{h} {m} {s}"),
+    "zh": (("{n}小时",), ("{n}分",), ("{n}秒",), ""),
+    "ja": (("{n}時間",), ("{n}分",), ("{n}秒",), ""),
+    "ko": (("{n}시간",), ("{n}분",), ("{n}초",), ""),
 }
-"""A time with seconds (``15:16:36``): hours, minutes and seconds, and how they join."""
+"""A time with seconds (``15:16:36``): hours, minutes and seconds, and the word before the last."""
 
 
 def form(forms: Forms, language: str, written: str, value: float) -> str:

@@ -8,7 +8,7 @@ import re
 
 from s2s_daemon.text.languages import AT, DOT
 
-_URL = re.compile(r"(?<![\w/.@-])(?:https?://|www\.)[^\s<>()\[\]{}\"'`]+", re.IGNORECASE)
+_URL = re.compile(r"(?<![\w/.@-])(?:https?://|www\.)[^\s\x00-\x1f<>()\[\]{}\"'`]+", re.IGNORECASE)
 _EMAIL = re.compile(r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 _TRAILING = ".,;:!?'\""
 

@@ -70,11 +70,8 @@ def render(source: str, *, table_body: bool = False) -> list[str]:
 
 def _cells(cells: list[str]) -> str:
     """A table row: its cells joined by a comma (a full-width one after CJK text)."""
-    out = ""
-    for cell in (cell.strip() for cell in cells):
-        if cell:
-            out += ("，" if is_cjk(out[-1]) else ", ") + cell if out else cell
-    return out
+    comma = "，" if any(is_cjk(char) for cell in cells for char in cell) else ", "
+    return comma.join(cell.strip() for cell in cells if cell.strip())
 
 
 def _inline(children: list[Token]) -> str:

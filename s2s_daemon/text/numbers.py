@@ -62,7 +62,7 @@ class _Patterns:
         end = rf"(?![{word}]|[.,]\d)"
         self.date = re.compile(rf"{start}(\d{{4}})-(\d{{2}})-(\d{{2}}){end}(?!-)")
         self.time = re.compile(rf"{start}(\d{{1,2}}):(\d{{2}}):(\d{{2}}){end}(?!:)")
-        self.money_before = re.compile(rf"{start}([$€£¥])\s?({number}){end}")
+        self.money_before = re.compile(rf"{start}(R\$|[$€£¥])\s?({number}){end}")
         self.money_after = re.compile(rf"{start}({number})\s?(€|\$|£|¥|EUR\b|USD\b|GBP\b)")
         units = "|".join(re.escape(u) for u in sorted(UNIT_NAMES, key=len, reverse=True))
         self.unit = re.compile(rf"{start}({number})\s?({units})(?![{word}/])")
@@ -154,15 +154,17 @@ def _time(match: re.Match[str], language: str) -> str:
         return match.group(0)
     if seconds == 0:
         return f"{hours}:{minutes:02d}"  # read as a time of day as it is
-    h_forms, m_forms, s_forms, joined = TIME_UNITS[language]
-    return joined.format(
-        h=form(h_forms, language, str(hours), hours),
-        m=form(m_forms, language, str(minutes), minutes),
-        s=form(s_forms, language, str(seconds), seconds),
-    )
+    h_forms, m_forms, s_forms, last = TIME_UNITS[language]
+    parts = [form(h_forms, language, str(hours), hours)] if hours else []
+    parts += [form(m_forms, language, str(minutes), minutes), form(s_forms, language, str(seconds), seconds)]
+    if language in ("zh", "ja"):
+        return "".join(parts)
+    if not last:
+        return " ".join(parts)
+    return f"{', '.join(parts[:-1])} {last} {parts[-1]}"
 
 
-_SYMBOLS = {"$": "USD", "€": "EUR", "£": "GBP", "¥": "JPY", "EUR": "EUR", "USD": "USD", "GBP": "GBP"}
+_SYMBOLS = {"R$": "BRL", "$": "USD", "€": "EUR", "£": "GBP", "¥": "JPY", "EUR": "EUR", "USD": "USD", "GBP": "GBP"}
 
 
 def _money(written: str, symbol: str, language: str) -> str | None:
@@ -173,9 +175,11 @@ def _money(written: str, symbol: str, language: str) -> str | None:
     forms = CURRENCIES[code].get(language)
     if value is None or forms is None:
         return None
-    if value != value.to_integral_value() and language != "zh":
-        said = words(value, language, to="currency", currency=code) if code in ("USD", "EUR", "GBP") else None
-        if said is not None and "{n}" not in said:
+    if language == "zh" and value != value.to_integral_value():
+        return form(forms, language, format(value.normalize(), "f"), float(value))  # 86.50 -> 86.5
+    if value != value.to_integral_value() and code in ("USD", "EUR", "GBP"):
+        said = words(value, language, to="currency", currency=code)
+        if said is not None:
             return said
     whole = written
     point = "." if _GROUPED[language] == "," else ","
@@ -201,6 +205,8 @@ def _ordinal(match: re.Match[str], language: str) -> str:
     if said is None:
         return match.group(0)
     feminine = mark in ("ª", "re", "ère")
+    if language == "es" and not feminine and said in ("primero", "tercero") and _before_word(match):
+        return said[:-1]  # el primer trimestre
     if feminine and language == "fr" and said == "premier":
         return "première"
     if feminine and language in ("es", "pt", "it") and said.endswith("o"):
@@ -208,10 +214,20 @@ def _ordinal(match: re.Match[str], language: str) -> str:
     return said
 
 
+def _before_word(match: re.Match[str]) -> bool:
+    after = match.string[match.end() : match.end() + 2]
+    return after[:1] == " " and after[1:].isalpha()
+
+
 def _said(match: re.Match[str], language: str) -> str | None:
     sign, whole, fraction = match.group(1), match.group(2), match.group(3) or ""
     value = _value(sign + whole + fraction, language)
     return None if value is None else words(value, language)
+
+
+def _before_measure(match: re.Match[str]) -> bool:
+    after = match.string[match.end() : match.end() + 1]
+    return bool(after) and "\u4e00" <= after <= "\u9fff" and after not in "月日号年楼层"
 
 
 def _zh_year(match: re.Match[str]) -> str:
@@ -225,6 +241,8 @@ def _plain(match: re.Match[str], language: str) -> str:
     sign, whole, fraction = match.group(1), match.group(2), match.group(3) or ""
     if language == "zh" and not fraction and (len(whole) > 8 or (len(whole) > 1 and whole[0] == "0")):
         return sign + chinese.digits(whole)  # a telephone number, a code
+    if language == "zh" and whole == "2" and not sign and not fraction and _before_measure(match):
+        return "两"  # 两瓶, 两个: 2 before a measure word
     if len(whole) > MAX_DIGITS:
         return match.group(0)
     value = _value(sign + whole + fraction, language)

@@ -55,12 +55,6 @@ _SENTENCE_END = re.compile(
 _LEAD = re.compile(r"[ \t]*(?:>[ \t]?)*[ \t]*")
 
 
-def _lead(line: str) -> int:
-    """Where the content of ``line`` starts, after indentation and quote marks."""
-    match = _LEAD.match(line)
-    return match.end() if match else 0
-
-
 class _Balance:
     """Whether a code span or a link is open, scanned once over a growing text."""
 
@@ -113,13 +107,16 @@ class PieceSplitter:
     def __init__(self, *, markdown: bool = True) -> None:
         self._markdown = markdown
         self._raw = ""
-        """Input not taken yet: the start of the next line, or the rest of the current one."""
+        self._pos = 0
+        """Input not taken yet is ``_raw[_pos:]``: the start of the next line, or the rest of the current one."""
         self._mid_line = False
         self._block = ""
-        """The current block's source not sent yet."""
+        """The current block's source not sent yet (at most a sentence, or ``MAX_PIECE``, but when held)."""
         self._sent_in_block = False
         self._line_start = 0
         """Where the current line starts in ``_block``."""
+        self._line_pipe = False
+        """The current line has a ``|`` (it may be a table's header: no cut inside it)."""
         self._hold: int | None = None
         """No cut at or after this index: a line with ``|`` that may be a table's header."""
         self._heading = False
@@ -131,7 +128,8 @@ class PieceSplitter:
         self._closed = False
 
     def feed(self, text: str) -> list[Piece]:
-        self._raw += text
+        self._raw = self._raw[self._pos :] + text if self._pos else self._raw + text
+        self._pos = 0
         return self._pump()
 
     def close(self) -> list[Piece]:
@@ -145,29 +143,32 @@ class PieceSplitter:
 
     def _pump(self) -> list[Piece]:
         out: list[Piece] = []
-        while self._raw or (self._mid_line and self._closed):
+        while self._pos < len(self._raw) or (self._mid_line and self._closed):
             if self._fence is not None:
                 if not self._code_line(out):
                     break
             elif self._mid_line:
                 self._rest_of_line(out)
-                if self._mid_line:
+                if self._mid_line and not self._closed:
                     break
             elif not self._line_start_(out):
                 break
         return out
 
     def _rest_of_line(self, out: list[Piece]) -> None:
-        newline = self._raw.find("\n")
-        if newline < 0:
-            self._block += self._raw
-            self._raw = ""
+        """Take the current line's text, ``MAX_PIECE`` at a time (cuts keep the block short)."""
+        newline = self._raw.find("\n", self._pos)
+        end = len(self._raw) if newline < 0 else newline
+        take = min(end, self._pos + MAX_PIECE)
+        chunk = self._raw[self._pos : take]
+        self._pos = take
+        self._block += chunk
+        self._line_pipe = self._line_pipe or (self._markdown and "|" in chunk)
+        if take < end or (newline < 0 and not self._closed):
             self._cuts(out)
-            if not self._closed:
-                return
-        else:
-            self._block += self._raw[:newline]
-            self._raw = self._raw[newline + 1 :]
+            return
+        if newline >= 0:
+            self._pos = newline + 1
         self._mid_line = False
         self._line_ended(out)
 
@@ -175,24 +176,28 @@ class PieceSplitter:
         if self._heading:
             self._flush(out)
             return
-        if self._markdown and "|" in self._block[self._line_start :] and self._hold is None:
+        if self._line_pipe and self._hold is None:
             self._hold = self._line_start
+        self._line_pipe = False
         self._cuts(out)
 
     def _line_start_(self, out: list[Piece]) -> bool:
-        """Take the line at the start of ``_raw`` when its kind is known; False: wait for more."""
-        newline = self._raw.find("\n")
+        """Take the line at ``_pos`` when its kind is known; False: wait for more."""
+        raw = self._raw
+        newline = raw.find("\n", self._pos)
         complete = newline >= 0 or self._closed
-        line = self._raw if newline < 0 else self._raw[:newline]
-        lead = _lead(line) if self._markdown else 0
-        content = line[lead:]
-        if not content.strip():
+        end = newline if newline >= 0 else len(raw)
+        lead = _LEAD.match(raw, self._pos, end).end() - self._pos if self._markdown else 0  # type: ignore[union-attr]
+        start = self._pos + lead
+        if start == end or not raw[start:end].strip():
             if not complete:
-                return False  # spaces so far: a blank line or the start of text
+                self._pos = start  # indentation and quote marks so far: dropped either way
+                return False
             self._end_table()
             self._flush(out)
-            self._raw = self._raw[newline + 1 :] if newline >= 0 else ""
+            self._pos = end + 1
             return True
+        content = raw[start:end] if complete else raw[start : min(end, start + 64)]
         kind = self._kind(content, complete) if self._markdown else "text"
         if kind is None:
             return False
@@ -201,7 +206,7 @@ class PieceSplitter:
                 return False
             if "|" in content:
                 out.append(Piece(content, table_head=self._table_head))
-                self._raw = self._raw[newline + 1 :] if newline >= 0 else ""
+                self._pos = end + 1
                 return True
             self._end_table()
         if kind == "text" and self._hold is not None:
@@ -209,7 +214,7 @@ class PieceSplitter:
                 return False  # may still be a delimiter row
             if complete and _DELIMITER.fullmatch(content.rstrip()):
                 self._start_table(out, content.rstrip())
-                self._raw = self._raw[newline + 1 :] if newline >= 0 else ""
+                self._pos = end + 1
                 return True
             self._hold = None
         if kind in ("fence", "rule", "heading", "item"):
@@ -218,16 +223,16 @@ class PieceSplitter:
         if kind == "fence":
             self._fence = _FENCE.match(content).group(1)  # type: ignore[union-attr]  # _kind matched it
             out.append(Piece("", kind="code_start"))
-            self._raw = self._raw[newline + 1 :] if newline >= 0 else ""
+            self._pos = end + 1
             return True
         if kind == "rule":
-            self._raw = self._raw[newline + 1 :] if newline >= 0 else ""
+            self._pos = end + 1
             return True
         self._heading = kind == "heading"
         if self._block:
             self._block += "\n"
         self._line_start = len(self._block)
-        self._raw = line[lead:] + self._raw[len(line) :]
+        self._pos = start
         self._mid_line = True
         return True
 
@@ -258,20 +263,23 @@ class PieceSplitter:
         return "text"
 
     def _code_line(self, out: list[Piece]) -> bool:
-        newline = self._raw.find("\n")
+        raw = self._raw
+        newline = raw.find("\n", self._pos)
         complete = newline >= 0 or self._closed
-        line = self._raw if newline < 0 else self._raw[:newline]
+        end = newline if newline >= 0 else len(raw)
+        fence = self._fence or "`"
         if not complete:
-            could_close = not self._fence_mid and not line.strip(" \t" + self._fence[0])  # type: ignore[index]
-            if could_close or len(line) <= MAX_PIECE:
+            head = raw[self._pos : min(end, self._pos + MAX_PIECE + 1)]
+            could_close = not self._fence_mid and not head.strip(" \t" + fence[0])
+            if could_close or len(head) <= MAX_PIECE:
                 return False
-            out.append(Piece(line, kind="code", ends_block=False))
-            self._raw = ""
+            out.append(Piece(head, kind="code", ends_block=False))
+            self._pos += len(head)
             self._fence_mid = True
             return False
-        self._raw = self._raw[newline + 1 :] if newline >= 0 else ""
+        line = raw[self._pos : end]
+        self._pos = end + 1
         stripped = line.strip()
-        fence = self._fence or ""
         if not self._fence_mid and stripped.startswith(fence) and not stripped.strip(fence[0]):
             self._fence = None
         else:
@@ -312,7 +320,7 @@ class PieceSplitter:
         """Send each complete sentence at the start of the block (or a long run of it)."""
         while True:
             limit = len(self._block) if self._hold is None else self._hold
-            if self._mid_line and self._markdown and "|" in self._block[self._line_start :]:
+            if self._mid_line and self._line_pipe:
                 limit = min(limit, self._line_start)
             cut = self._sentence_cut(limit)
             if cut is None and limit > MAX_PIECE:

@@ -21,7 +21,7 @@ from s2s_daemon.config import TextConfig
 from s2s_daemon.text.emoji_words import drop_emoji, name_emoji
 from s2s_daemon.text.languages import CODE_NOTE, guess_language, is_cjk, language_code
 from s2s_daemon.text.links import read_addresses
-from s2s_daemon.text.markdown import CODE_END, CODE_START, LINE_BREAK, render
+from s2s_daemon.text.markdown import CODE_END, CODE_START, CONTINUED, LINE_BREAK, render
 from s2s_daemon.text.numbers import rewrite_numbers
 from s2s_daemon.text.options import TextOptions, TextOverrides
 from s2s_daemon.text.pieces import Piece, PieceSplitter
@@ -35,12 +35,15 @@ _CONTROL = re.compile(
 )
 """Control and invisible format characters (not the joiner inside emoji sequences)."""
 _ENDS = ".!?\u2026。！？"
+CJK_STOP = ("zh", "ja")
+"""Languages whose blocks end with 。 (Korean ends with a full stop and spaces its words)."""
 _CLOSERS = "\"')]»”’」』）"
 _SOFT_ENDS = ",;:，；：、"
 _MARKERS = re.compile(r"(?<![\w*_~])[*_~]+(?=\S)|(?<=\S)[*_~]+(?![\w*_~])|`+")
 _PIPES = re.compile(r"\s*\|[\s|]*")
 _SPACES = re.compile(r"[ \t\n\u00a0]+")
 _TASK = re.compile(r"^\[[ xX]\]\s+")
+_BEFORE_MARK = re.compile(r" +(?=[,.;:!?，。；：！？、](?:\s|$))")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,10 +127,10 @@ class StreamingTextStage:
         for piece in pieces:
             blocks = self._blocks(piece)
             bound = MAX_GROWTH * len(piece.source) + MAX_GROWTH_CHARS
-            for index, text in enumerate(blocks):
+            for index, (text, cjk) in enumerate(blocks):
                 ends = piece.ends_block or index < len(blocks) - 1
                 if text:
-                    out.append(self._join(text[:bound], ends))
+                    out.append(self._join(text[:bound], ends, cjk))
                 elif ends and self._block_open:
                     out.append(self._full_stop())
                 if ends:
@@ -135,9 +138,9 @@ class StreamingTextStage:
                     self._owed = "\n"
         return "".join(out)
 
-    def _join(self, text: str, ends: bool) -> str:
+    def _join(self, text: str, ends: bool, cjk: bool) -> str:
         if ends:
-            text = _with_full_stop(text)
+            text = _with_full_stop(text, cjk or is_cjk(text[-1]))
         if not self._said:
             owed = ""
         elif self._owed == "\n":
@@ -156,23 +159,23 @@ class StreamingTextStage:
         self._said = stop
         return stop
 
-    def _blocks(self, piece: Piece) -> list[str]:
-        """The spoken text of each block of ``piece`` ("" for a block with nothing to say)."""
+    def _blocks(self, piece: Piece) -> list[tuple[str, bool]]:
+        """Each block of ``piece``: its spoken text ("" for nothing to say), and whether it ends
+        with a CJK full stop (Chinese and Japanese)."""
         options = self.options
         if piece.kind == "code_start":
-            return [CODE_NOTE[self._words_language]] if options.code_blocks == "skip" else []
+            note = CODE_NOTE[self._words_language]
+            return [(note, self._words_language in CJK_STOP)] if options.code_blocks == "skip" else []
         if piece.kind == "code":
-            if options.code_blocks != "read":
-                return []
-            return [_tidy(piece.source)]
+            return [(_tidy(piece.source), False)] if options.code_blocks == "read" else []
         if not options.markdown:
             return [self._spoken(piece.source)]
-        source = ("\x01" + piece.source) if piece.continued else piece.source
+        source = (CONTINUED + piece.source) if piece.continued else piece.source
         if piece.table_head:
             return [self._spoken(block) for block in render(f"{piece.table_head}\n{source}", table_body=True)]
         return [self._spoken(block) for block in render(source)]
 
-    def _spoken(self, block: str) -> str:
+    def _spoken(self, block: str) -> tuple[str, bool]:
         """One block's text after Markdown: addresses, emoji, numbers, then white space."""
         language = self.language or guess_language(block)
         if language is not None:
@@ -198,13 +201,14 @@ class StreamingTextStage:
         text = _line_breaks("".join(spoken))
         text = _TASK.sub("", _tidy(text))
         text = text.strip(" ,")
-        return text if any(c.isalnum() for c in text) or (self.options.emoji == "keep" and not text.isascii()) else ""
+        if not (any(c.isalnum() for c in text) or (self.options.emoji == "keep" and not text.isascii())):
+            text = ""
+        return text, words_language in CJK_STOP
 
 
 def _tidy(text: str) -> str:
-    """White space runs as one space, no space before a comma or a full stop."""
-    text = _SPACES.sub(" ", text).strip()
-    return text.replace(" ,", ",").replace(" .", ".") if " ," in text or " ." in text else text
+    """White space runs as one space, none before punctuation (where a dropped emoji was)."""
+    return _BEFORE_MARK.sub("", _SPACES.sub(" ", text)).strip()
 
 
 def _line_breaks(text: str) -> str:
@@ -216,8 +220,10 @@ def _line_breaks(text: str) -> str:
     out = parts[0].rstrip()
     for part in parts[1:]:
         nxt = part.lstrip()
-        if not out or not nxt:
-            out = out + " " + nxt if out else nxt
+        if not nxt:
+            continue
+        if not out:
+            out = nxt
             continue
         last, first = out[-1], nxt[0]
         cjk = is_cjk(last)
@@ -229,12 +235,13 @@ def _line_breaks(text: str) -> str:
     return out
 
 
-def _with_full_stop(text: str) -> str:
-    """``text`` ending a block: with a full stop unless it ends with one (a colon becomes one)."""
+def _with_full_stop(text: str, cjk: bool) -> str:
+    """``text`` ending a block: with a full stop (``cjk``: 。) unless it ends with one; a colon,
+    comma or semicolon at its end becomes one."""
     text = text.rstrip()
     core = text.rstrip(_CLOSERS)
     if core and core[-1] in _ENDS:
         return text
     if core and core[-1] in _SOFT_ENDS and core == text:
-        return text[:-1] + ("。" if text[-1] in "，；：、" or (len(text) > 1 and is_cjk(text[-2])) else ".")
-    return text + ("。" if is_cjk(text[-1]) else ".")
+        text = text[:-1]
+    return text + ("。" if cjk else ".")
