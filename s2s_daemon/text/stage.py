@@ -95,6 +95,8 @@ class StreamingTextStage:
         self._words_language = self.language or "en"
         """The language of the words the stage adds (a code note, "dot"): the last one seen."""
         self._cr = False
+        self._note_owed = False
+        """A code block began: its note is said with its first line that is not blank."""
 
     def feed(self, delta: str) -> str:
         return self._emit(self._splitter.feed(self._clean(delta)))
@@ -139,7 +141,7 @@ class StreamingTextStage:
         return "".join(out)
 
     def _join(self, text: str, ends: bool, cjk: bool) -> str:
-        if ends:
+        if ends and self.options.markdown:  # without Markdown the text is read as written
             text = _with_full_stop(text, cjk or is_cjk(text[-1]))
         if not self._said:
             owed = ""
@@ -153,7 +155,7 @@ class StreamingTextStage:
         return owed + text
 
     def _full_stop(self) -> str:
-        if not self._said or self._said in _ENDS + _CLOSERS:
+        if not self._said or self._said in _ENDS + _CLOSERS or not self.options.markdown:
             return ""
         stop = "。" if is_cjk(self._said) else "."
         self._said = stop
@@ -164,10 +166,14 @@ class StreamingTextStage:
         with a CJK full stop (Chinese and Japanese)."""
         options = self.options
         if piece.kind == "code_start":
-            note = CODE_NOTE[self._words_language]
-            return [(note, self._words_language in CJK_STOP)] if options.code_blocks == "skip" else []
+            self._note_owed = options.code_blocks == "skip"  # said with the block's first line
+            return []
         if piece.kind == "code":
+            if self._note_owed and piece.source.strip():
+                self._note_owed = False
+                return [(CODE_NOTE[self._words_language], self._words_language in CJK_STOP)]
             return [(_tidy(piece.source), False)] if options.code_blocks == "read" else []
+        self._note_owed = False
         if not options.markdown:
             return [self._spoken(piece.source)]
         source = (CONTINUED + piece.source) if piece.continued else piece.source
