@@ -277,8 +277,8 @@ TIME_UNITS: dict[str, tuple[Forms, Forms, Forms, str]] = {
         ("{n} секунда", "{n} секунды", "{n} секунд"),
         "",
     ),
-    "zh": (("{n}小时",), ("{n}分",), ("{n}秒",), ""),
-    "ja": (("{n}時間",), ("{n}分",), ("{n}秒",), ""),
+    "zh": (("{n}点",), ("{n}分",), ("{n}秒",), ""),
+    "ja": (("{n}時",), ("{n}分",), ("{n}秒",), ""),
     "ko": (("{n}시간",), ("{n}분",), ("{n}초",), ""),
 }
 """A time with seconds (``15:16:36``): hours, minutes and seconds, and the word before the last."""
