@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001 -- full-width CJK marks are the point
 """Malformed and hostile text: never an exception, a bounded result, the same result streamed, and
 time linear in the length (ten times the text takes about ten times as long, not a hundred)."""
 
@@ -96,3 +97,50 @@ def test_ten_times_the_text_takes_about_ten_times_as_long(name: str) -> None:
     large = cpu_seconds(HOSTILE[name](10 * size))
     floor = 0.002  # below this a run is all start-up and clock grain
     assert large <= 30 * max(small, floor), f"{name}: {small * 1000:.1f} ms -> {large * 1000:.1f} ms"
+
+
+TOKENS = [
+    *"ab Z1234567890.,:;!?-*_~`#|>[]()<>/\\@%$€°\n\t\r ",
+    *["https://", "www.", "```", "**", "- ", "1. ", "| a |", "|---|", "。", "！", "中", "文", "か", "한", "я"],
+    *["🎉", "👍🏽", "\u200d", "\x00", "\u202e", "km", "°C", "25", "2024-03-15", "15:16:36", "1,234", "<b>"],
+]
+
+
+def test_any_mix_in_any_deltas_is_spoken_as_the_whole_and_never_raises() -> None:
+    """Two thousand texts of Markdown's marks, numbers, addresses, emoji and scripts in random
+    order, with random options and languages, each streamed in random deltas."""
+    rng = random.Random(38)
+    for case in range(2000):
+        text = "".join(rng.choice(TOKENS) for _ in range(rng.randint(0, 150)))
+        language = rng.choice(["en", "de", "fr", "zh", "ja", "ko", "ru", None])
+        options = TextOptions(
+            markdown=rng.random() < 0.85,
+            emoji=rng.choice(["drop", "name", "keep"]),
+            numbers=rng.choice(["auto", "all", "off"]),
+            code_blocks=rng.choice(["skip", "read", "drop"]),
+        )
+        whole = prepare_text(text, options, language).text
+        assert len(whole) <= bound(text)
+        stage = StreamingTextStage(options, language)
+        said = []
+        at = 0
+        while at < len(text):
+            size = rng.randint(1, 30)
+            said.append(stage.feed(text[at : at + size]))
+            at += size
+        said.append(stage.close())
+        assert "".join(said) == whole, (case, text, language, options)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "# 标题。Title more\nText after it.",
+        "First sentence。Second part | with a pipe later.\nNext line.",
+        "| a | b |\n|---|---|\n| 1. One | 2 |\nAfter. The table.",
+    ],
+)
+def test_a_text_in_one_character_deltas_is_spoken_as_the_whole(text: str) -> None:
+    stage = StreamingTextStage(TextOptions(), "en")
+    said = "".join(stage.feed(char) for char in text) + stage.close()
+    assert said == prepare_text(text, TextOptions(), "en").text

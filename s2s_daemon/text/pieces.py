@@ -10,12 +10,12 @@ reads each piece (``markdown.py``). A ``**`` opened before a cut and closed afte
 a stray marker on each side, which the stage drops: emphasis reads as its words either way.
 
 Cuts depend only on the text, never on where the deltas fell: the whole text in one delta gives
-the same pieces (the stage reads a whole text through this same path). Indentation and ``>``
-quote marks at the start of a line are dropped (a nested list item reads as an item; indented
-text is read, not taken for code: only fenced code is code). A piece grows past ``MAX_PIECE``
-characters only in a table row or a line whose kind is not known yet; a paragraph without a
-sentence end is cut at a space before it, so every pass over a piece is bounded and the whole
-is linear in the text's length.
+the same pieces (the stage reads a whole text through this same path); so a table is one whose
+header row starts with ``|`` (known at the line's start). Indentation and ``>`` quote marks at
+the start of a line are dropped (a nested list item reads as an item; indented text is read, not
+taken for code: only fenced code is code). A piece grows past ``MAX_PIECE`` characters only in a
+table row or a line whose kind is not known yet; a paragraph without a sentence end is cut at a
+space before it, so every pass over a piece is bounded and the whole is linear in the text's length.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class PieceSplitter:
         self._line_start = 0
         """Where the current line starts in ``_block``."""
         self._line_pipe = False
-        """The current line has a ``|`` (it may be a table's header: no cut inside it)."""
+        """The current line starts with ``|``: it may be a table's header (no cut inside it)."""
         self._hold: int | None = None
         """No cut at or after this index: a line with ``|`` that may be a table's header."""
         self._heading = False
@@ -163,9 +163,8 @@ class PieceSplitter:
         chunk = self._raw[self._pos : take]
         self._pos = take
         self._block += chunk
-        self._line_pipe = self._line_pipe or (self._markdown and "|" in chunk)
+        self._cuts(out)  # whatever the deltas: the same cuts whether the line is complete or not
         if take < end or (newline < 0 and not self._closed):
-            self._cuts(out)
             return
         if newline >= 0:
             self._pos = newline + 1
@@ -229,6 +228,7 @@ class PieceSplitter:
             self._pos = end + 1
             return True
         self._heading = kind == "heading"
+        self._line_pipe = content.startswith("|")  # known at the line's start, whatever the deltas
         if self._block:
             self._block += "\n"
         self._line_start = len(self._block)
