@@ -1,4 +1,4 @@
-"""Command line: run, say, check-config (and devices, service, bench, voices)."""
+"""Command line: run, say, text, check-config (and devices, service, bench, voices)."""
 
 from __future__ import annotations
 
@@ -122,6 +122,24 @@ def cmd_say(args: argparse.Namespace) -> int:
     return asyncio.run(say_once(config, args))
 
 
+def cmd_text(args: argparse.Namespace) -> int:
+    """What the text stage makes of a text (docs/text.md): the configuration's ``text:`` section and
+    ``--language`` (else ``tts.language``); ``-`` reads standard input as it comes, as a stream."""
+    from s2s_daemon.text import TextStage
+
+    config = _load(args)
+    stage = TextStage(config.text)
+    language = args.language or config.tts.language
+    if args.text != "-":
+        print(stage.prepare(args.text, language).text)
+        return EXIT_OK
+    stream = stage.stream(language)
+    for line in sys.stdin:
+        print(stream.feed(line), end="", flush=True)
+    print(stream.close())
+    return EXIT_OK
+
+
 def cmd_ha_remove(args: argparse.Namespace) -> int:
     config = _load(args)
     from s2s_daemon.events.discovery import remove_discovery
@@ -181,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--ref-audio", type=Path, help="reference recording for voice cloning (Base models)")
     say.add_argument("--ref-text", help="transcript of --ref-audio")
     say.set_defaults(func=cmd_say)
+
+    text = sub.add_parser("text", help="print what would be spoken for a text (Markdown, emoji, links, numbers)")
+    text.add_argument("text", help="the text, or - to read standard input as a stream")
+    config_flag(text)
+    text.add_argument("--language", help="en, de, zh, English... (default: tts.language)")
+    text.set_defaults(func=cmd_text)
 
     ha = sub.add_parser("ha", help="Home Assistant MQTT discovery")
     ha_actions = ha.add_subparsers(dest="ha_action", required=True, metavar="ACTION")

@@ -295,6 +295,28 @@ class WyomingConfig(Section):
     """Advertise ``_wyoming._tcp.local.`` (as ``s2s-<site_id>``) so Home Assistant discovers it; not on loopback."""
 
 
+EmojiMode = Literal["drop", "name", "keep"]
+NumbersMode = Literal["auto", "all", "off"]
+CodeBlocksMode = Literal["skip", "read", "drop"]
+
+
+class TextConfig(Section):
+    """The text stage: what an assistant wrote (Markdown, emoji, links, numbers) made into what
+    is spoken (``s2s_daemon/text/``, docs/text.md); a request may override each key (``TextOverrides``)."""
+
+    markdown: bool = True
+    """Read Markdown as its words (emphasis, headings, lists, tables, links); false: as written."""
+    emoji: EmojiMode = "drop"
+    """``drop``: left out; ``name``: said by their name in the request's language; ``keep``: as written."""
+    urls: bool = True
+    """Web addresses read as their host name, e-mail addresses as a person says them."""
+    numbers: NumbersMode = "auto"
+    """``auto``: rewrite what the model is known to misread (grouped numbers, times with seconds,
+    Chinese numbers) and symbols and units as words; ``all``: every number in words; ``off``: as written."""
+    code_blocks: CodeBlocksMode = "skip"
+    """``skip``: a short spoken note in their place; ``read``: line by line; ``drop``: nothing."""
+
+
 class DaemonConfig(Section):
     site_id: str = Field("default", min_length=1)
     mqtt: MqttConfig = MqttConfig()
@@ -310,6 +332,7 @@ class DaemonConfig(Section):
     http: HttpConfig = HttpConfig()
     wyoming: WyomingConfig = WyomingConfig()
     monitor: MonitorConfig = MonitorConfig()
+    text: TextConfig = TextConfig()
 
     @field_validator("site_id")
     @classmethod

@@ -10,7 +10,7 @@ import s2s_daemon
 
 ROWS = [
     {"config", "errors", "logs", "progress", "notify", "holders", "__init__"},
-    {"pipeline"},
+    {"pipeline", "text"},
     {"mqtt"},
     {"tts"},
     {"audio"},
