@@ -120,7 +120,7 @@ def frames_ms(runner: Any, frames: int) -> float:
     import torch
 
     talker, predictor, codec_head, heads = runner
-    length = frames + 4
+    length = max(frames, GROUPS) + 4
     k_t = torch.empty(TALKER_LAYERS, 1, KV_HEADS, length, HEAD_DIM)
     v_t = torch.empty_like(k_t)
     angles = torch.arange(length, dtype=torch.float32)[:, None] * torch.linspace(0.001, 1.0, HEAD_DIM)[None, :]
@@ -185,12 +185,13 @@ def main() -> int:
     x = torch.randn(1, 64)
     code = native.FORMATS[args.format]
     old_tiny = ext.Packed(code, packed.data, packed.scales, packed.mins, packed.bias, 64, 64, packed.group)
+    # What each PackedLinear.forward calls: the old one ext.linear, the new one Kernels.apply.
     per_call = {
         "old extension": call_us(
             lambda v: ext.linear(v, code, packed.data, packed.scales, packed.mins, 64, packed.group, packed.bias), x
         ),
         "old extension, prebuilt handle": call_us(lambda v: old_tiny(v[0]), x),
-        f"ctypes library ({kernels.isa})": call_us(packed, x),
+        f"ctypes library ({kernels.isa})": call_us(lambda v: kernels.apply(packed.weight_struct, v), x),
     }
     base = statistics.median(frame["old extension"])
     rows = []

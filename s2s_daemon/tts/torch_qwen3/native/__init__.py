@@ -226,7 +226,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def _check_float(t: torch.Tensor | None, numel: int, what: str) -> None:
-    if t is None or t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or t.numel() != numel:
+    if t is None or t.dtype is not torch.float32 or not t.is_cpu or not t.is_contiguous() or t.numel() != numel:
         raise ValueError(what)
 
 
@@ -298,27 +298,26 @@ class Kernels:
             raise RuntimeError(self._lib.s2s_error().decode())
 
     def apply(self, weight: _Weight, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., K] W^T (+ bias)`` for a checked weight (``_weight``); float32 ``[..., N]``."""
+        """``x [..., K] W^T (+ bias)`` for a checked weight (``_weight``); float32 ``[..., N]``.
+        Called once per product while decoding: only cheap checks here (the weight's were made),
+        and no view or reshape (a contiguous ``x`` is ``[M, K]`` in memory whatever its shape)."""
         k, n = weight.k, weight.n
-        if x.dtype != torch.float32 or x.device.type != "cpu":
+        if x.dtype is not torch.float32 or not x.is_cpu:
             raise ValueError("input must be float32 on the CPU")
         if x.shape[-1] != k:
             raise ValueError(f"input has {x.shape[-1]} features, the weight takes {k}")
-        rows = x.reshape(-1, k)
-        if not rows.is_contiguous():
-            rows = rows.contiguous()
-        m = rows.shape[0]
-        shape = (*x.shape[:-1], n)
+        if not x.is_contiguous():
+            x = x.contiguous()
+        m = x.numel() // k
         if m > self.MAX_BLOCKED_ROWS:
-            return self._widened_mm(weight, rows).reshape(shape)
-        y = torch.empty((m, n), dtype=torch.float32)
+            return self._widened_mm(weight, x.view(m, k)).view(*x.shape[:-1], n)
+        y = torch.empty((*x.shape[:-1], n), dtype=torch.float32)
         if m:
-            self._check(
-                self._linear(
-                    self._ops, ctypes.addressof(weight), rows.data_ptr(), m, y.data_ptr(), torch.get_num_threads()
-                )
-            )
-        return y.reshape(shape)
+            rc = self._linear(self._ops, ctypes.addressof(weight), x.data_ptr(), m, y.data_ptr(),
+                              torch.get_num_threads())  # fmt: skip
+            if rc:
+                self._check(rc)
+        return y
 
     def _widened_mm(self, weight: _Weight, rows: torch.Tensor) -> torch.Tensor:
         """Longer inputs: a block of weight rows (4 MiB) widened into a float32 buffer by the library,
@@ -505,36 +504,29 @@ class Stack:
             raise ValueError(lib.s2s_error().decode())
         self._handle = handle
         self._keep = keep
+        self._hidden, self._kv_heads, self._head_dim = dims.hidden, dims.kv_heads, dims.head_dim
         self._run = lib.s2s_stack_run
         self._run_rows = lib.s2s_stack_run_rows
         weakref.finalize(self, lib.s2s_stack_free, handle)
 
     def _check_x(self, x: torch.Tensor) -> int:
-        d = self.dims
-        if (
-            x.dtype != torch.float32
-            or x.dim() != 3
-            or x.shape[0] != 1
-            or x.shape[2] != d.hidden
-            or x.device.type != "cpu"
-        ):
-            raise ValueError(f"x must be float32 [1, T <= 4, {d.hidden}] on the CPU")
-        return int(x.shape[1])
+        shape = x.shape
+        if x.dtype is not torch.float32 or not x.is_cpu or len(shape) != 3 or shape[0] != 1 or shape[2] != self._hidden:
+            raise ValueError(f"x must be float32 [1, T <= 4, {self._hidden}] on the CPU")
+        return int(shape[1])
 
     def _check_cache(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        d = self.dims
+        """A cache's shape, dtype and layout (the library writes into it at the rows' positions)."""
+        shape = k.shape
         if (
-            k.dtype != torch.float32
-            or v.dtype != torch.float32
-            or k.dim() != 5
-            or k.shape != v.shape
-            or k.shape[0] < self.layers
-            or k.shape[2] != d.kv_heads
-            or k.shape[4] != d.head_dim
-            or not k.is_contiguous()
-            or not v.is_contiguous()
-            or k.device.type != "cpu"
-            or v.device.type != "cpu"
+            len(shape) != 5
+            or shape[0] < self.layers
+            or shape[2] != self._kv_heads
+            or shape[4] != self._head_dim
+            or v.shape != shape
+            or k.dtype is not torch.float32
+            or v.dtype is not torch.float32
+            or not (k.is_cpu and v.is_cpu and k.is_contiguous() and v.is_contiguous())
         ):
             raise ValueError("KV cache must be float32 [layers, 1, kv_heads, max_len, head_dim]")
 
