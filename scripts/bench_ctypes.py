@@ -12,7 +12,8 @@ heads of 128, intermediate 3072, the codec head 1024 -> 3072) and code predictor
 15 heads 1024 -> 2048). A frame is what decoding does per frame on these weights: one talker
 position through its stack and the codec head, then 15 code predictor positions, each through its
 stack and one head. Rounds alternate the two. Beside it, one call of a 64 x 64 product (one row),
-the per-call cost alone. The codec decoder is left out: its products are the same calls.
+the per-call cost alone, and a prompt's products (40 and 128 rows through the talker's gate/up
+weight). The codec decoder is left out: its products are the same calls.
 """
 
 from __future__ import annotations
@@ -193,6 +194,24 @@ def main() -> int:
         "old extension, prebuilt handle": call_us(lambda v: old_tiny(v[0]), x),
         f"ctypes library ({kernels.isa})": call_us(lambda v: kernels.apply(packed.weight_struct, v), x),
     }
+    # A prompt's products: 40 rows (the register-blocked product in the library) and 128 rows (4 MiB
+    # blocks of widened weight rows, multiplied by at::mm in the old extension, torch.mm here).
+    gate_up = model.talker[0][2]
+    g = gate_up
+
+    def old_product(v: Any) -> Any:
+        return ext.linear(v, code, g.data, g.scales, g.mins, g.out_features, g.group, g.bias)
+
+    prefill: dict[tuple[str, int], float] = {}
+    for rows_in in (40, 128):
+        xs = torch.randn(rows_in, HIDDEN)
+        old_ms = [0.0] * args.rounds
+        new_ms = [0.0] * args.rounds
+        for r in range(args.rounds):
+            old_ms[r] = call_us(old_product, xs, 20) / 1000
+            new_ms[r] = call_us(lambda v: kernels.apply(gate_up.weight_struct, v), xs, 20) / 1000
+        prefill["old extension", rows_in] = statistics.median(old_ms)
+        prefill[f"ctypes library ({kernels.isa})", rows_in] = statistics.median(new_ms)
     base = statistics.median(frame["old extension"])
     rows = []
     for name, values in frame.items():
@@ -203,6 +222,12 @@ def main() -> int:
     for name, us in per_call.items():
         print(f"{name}: {us:.1f} us a call of a 64 x 64 product (one row)")
         rows.append([name, "one 64 x 64 call", f"{us:.1f} us", "-", ratio(us, old_us)])
+    for rows_in in (40, 128):
+        old_ms = prefill["old extension", rows_in]
+        for name in runners:
+            ms = prefill[name, rows_in]
+            print(f"{name}: {ms:.2f} ms for {rows_in} rows through the gate/up weight (6144 x 1024)")
+            rows.append([name, f"{rows_in} prompt rows, 6144 x 1024", f"{ms:.2f} ms", "-", ratio(ms, old_ms)])
     if doc is not None:
         doc.publish(
             "The native kernels through ctypes against the old torch extension",
