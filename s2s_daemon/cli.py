@@ -91,7 +91,9 @@ def _resolved_torch(config: DaemonConfig) -> dict[str, object]:
     from s2s_daemon.pipeline.vocabulary import EngineError
 
     try:
-        return resolved(section.device, section.dtype, section.quantization, section.kernels, section.threads)
+        return resolved(
+            section.device, section.dtype, section.quantization, section.kernels, section.threads, section.isa
+        )
     except EngineError as exc:  # a device that is not there (cuda on a CPU box)
         return {"error": str(exc)}
 

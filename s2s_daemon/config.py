@@ -94,8 +94,12 @@ class TorchEngineConfig(Section):
     inputs, needs the native kernels), ``none`` (as ``dtype``), or ``auto``: int8 where the native
     kernels run, else none (``torch_qwen3/formats.py``; the choice and its reason are logged)."""
     kernels: Literal["auto", "native", "torch"] = "auto"
-    """CPU linear kernels: ``native`` (AVX2 C++ built on first use), ``torch``'s own, or ``auto``
-    (native when this machine can build and run them)."""
+    """CPU linear kernels: ``native`` (the C kernels built at install), ``torch``'s own, or ``auto``
+    (native when they were built and this CPU runs them)."""
+    isa: Literal["auto", "generic", "avx2", "avx512", "amx", "neon", "dotprod", "i8mm"] = "auto"
+    """The native kernels' instruction-set path: ``auto`` (the widest this CPU has) or a cap for
+    tests and benchmarks (x86-64: ``generic``, ``avx2``, ``avx512``, ``amx``; aarch64: ``generic``,
+    ``neon``, ``dotprod``, ``i8mm``); a path this CPU cannot run is refused by ``preflight``."""
     threads: int | Literal["auto"] = "auto"
     """Intra-op threads on the CPU: ``auto`` follows what the machine leaves free (affinity, a cgroup
     CPU quota, other processes, steal time; re-checked while running, ``tts/threads.py``); a number

@@ -1,5 +1,6 @@
-"""What the schema cannot see: every file and folder a configuration names and every port it
-listens on, checked by ``check-config`` and by ``run`` before the model loads (a wrong path found
+"""What the schema cannot see: every file and folder a configuration names, every port it listens
+on and the CPU it asks for (``tts.torch.isa``), checked by ``check-config`` and by ``run`` before
+the model loads (a wrong path found
 after a minute of loading and warming up, or by a daemon that said "valid" a moment before, helps
 nobody).
 
@@ -48,6 +49,7 @@ def findings(config: DaemonConfig) -> list[Finding]:
         *_mqtt_files(config),
         *_http_key(config),
         *_extras(config),
+        *_isa(config),
         *_journal(config),
         *_wav_dir(config),
         *_ports(config),
@@ -64,6 +66,16 @@ def require(config: DaemonConfig) -> None:
     if any(not finding.unavailable for finding in found):
         raise ConfigError(f"invalid configuration:\n{lines}")
     raise UnavailableError(f"cannot start:\n{lines}")
+
+
+def _isa(config: DaemonConfig) -> list[Finding]:
+    """``tts.torch.isa``: a path of another architecture, or one this CPU cannot run."""
+    if config.tts.engine != "torch":
+        return []
+    from s2s_daemon.tts.isa import refusal
+
+    why = refusal(config.tts.torch.isa)
+    return [Finding("tts.torch.isa", why)] if why is not None else []
 
 
 # -- files and folders ------------------------------------------------------------------------

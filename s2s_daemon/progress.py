@@ -1,4 +1,4 @@
-"""Progress of the long steps of a start (building the kernels, preparing weights, the warm-up):
+"""Progress of the long steps of a start (preparing weights, the warm-up):
 a bar redrawn in place on a terminal, plain log lines otherwise (systemd's journal, a pipe).
 
 Each step logs ``step_started`` (what, and how long it should take where that is known) and

@@ -1,12 +1,14 @@
-"""The native integer kernels with AVX-512 VNNI against their AVX2 form, side by side in one process.
+"""The native integer kernels' avx512 path (AVX-512 VNNI) against the avx2 path, side by side in one process.
 
     .venv/bin/python -m s2s_daemon.tools.make_checkpoint ./cv06 --size 0.6b --kind custom_voice
     .venv/bin/python scripts/bench_wide.py ./cv06 [--formats int8,int4] [--threads 2] [--rounds 4]
 
-Both forms compute the same bits (tests/test_native_kernels.py); this measures what the wide one
-saves where the products are compute bound: a prompt's prefill (the ten-word sentence's, nothing
-kept) and a talker + code predictor step of 1 and of 4 requests together (``step_batch``, no
-codec). Rounds alternate the two forms. Needs a CPU with AVX-512 VNNI (else it says so and exits).
+Both paths compute the same bits for the integer formats (tests/test_native_kernels.py); this
+measures what the wide one saves where the products are compute bound: a prompt's prefill (the
+ten-word sentence's, nothing kept) and a talker + code predictor step of 1 and of 4 requests
+together (``step_batch``, no codec). One engine per path (``tts.torch.isa``: ``avx512``,
+``avx2``); rounds alternate them. Needs a CPU with AVX-512 VNNI (else it says so and exits).
+``scripts/bench_isa.py`` measures whole frames per path.
 """
 
 from __future__ import annotations
@@ -43,8 +45,7 @@ def main() -> int:
     from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions
 
     torch.set_num_threads(args.threads)
-    ext = native.load()
-    if ext is None or not ext.WIDE_SUPPORTED:
+    if native.why_not_here() is not None or "avx512" not in native.runnable_paths():
         print("this CPU has no AVX-512 VNNI (or no native kernels): nothing to compare")
         return 1
     print(machine_line(f"{args.threads} threads", f"{args.rounds} rounds"))
@@ -56,18 +57,23 @@ def main() -> int:
     ]
     rows: list[list[object]] = []
     for fmt in args.formats.split(","):
-        engine = cpu_engine(args.model, fmt, args.threads, prefix_cache_rows="0")
-        info, runtime, gen = engine.info, engine.runtime, engine.gen
-        assert info is not None and runtime is not None and gen is not None
+        engines = {
+            wide: cpu_engine(args.model, fmt, args.threads, "avx512" if wide else "avx2", prefix_cache_rows="0")
+            for wide in (True, False)
+        }
+        info, gen = engines[True].info, engines[True].gen
+        assert info is not None and gen is not None
         voice = info.voices[0] if info.voices else None
         times: dict[tuple[str, bool], list[float]] = {}
         with torch.inference_mode():
             prompts = [
-                engine.prepare(SynthesisRequest(text=t, voice=voice, language="english", greedy=True))[0] for t in texts
+                engines[True].prepare(SynthesisRequest(text=t, voice=voice, language="english", greedy=True))[0]
+                for t in texts
             ]
             for _ in range(args.rounds):
                 for wide in (True, False):
-                    ext.set_wide(wide)
+                    runtime = engines[wide].runtime
+                    assert runtime is not None
                     t0 = time.perf_counter()
                     runtime.start(prompts[0], DecodeOptions(1, True, None))
                     times.setdefault(("prefill", wide), []).append(1000 * (time.perf_counter() - t0))
@@ -79,8 +85,8 @@ def main() -> int:
                             runtime.step_batch(seqs, gen)
                         step_ms = 1000 * (time.perf_counter() - t0) / args.steps
                         times.setdefault((f"step, {n} requests", wide), []).append(step_ms)
-        ext.set_wide(True)
-        engine.close_blocking()
+        for engine in engines.values():
+            engine.close_blocking()
         print(f"\n{fmt}, prompt of {prompts[0].prefill.shape[1]} positions: median ms (min-max)")
         print("what | AVX-512 VNNI | AVX2 | AVX2 / VNNI")
         for what in ("prefill", "step, 1 requests", "step, 4 requests"):

@@ -128,3 +128,26 @@ def test_bench_steady_on_the_tiny_checkpoint_publishes_ms_a_frame_against_real_t
     rows = [line for line in section.splitlines() if line.startswith("| ") and line.split("|")[1].strip()[0].isdigit()]
     assert [r.split("|")[1].strip() for r in rows] == ["2 frames", "4 frames"]
     assert all(r.rstrip(" |").endswith("x") for r in rows)  # the ratio to real time
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_bench_isa_on_the_tiny_checkpoint_publishes_each_path_beside_the_fastest(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from s2s_daemon.tts.torch_qwen3 import native
+
+    if native.why_not_here() is not None:
+        pytest.skip(f"no native kernels here: {native.why_not_here()}")
+    page = scratch_page(tmp_path)
+    done = run_script(
+        "bench_isa.py", str(TINY), "--formats", "int8,int4", "--paths", "generic,auto", "--frames", "8",
+        "--rounds", "1", "--threads", "1", page=page,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    widest = [p for p in native.carried_paths() if p in native.runnable_paths()][-1]
+    rows = [line.split("|")[1:3] for line in section_of(page, "isa").splitlines() if line.startswith("| int")]
+    assert [(w.strip(), p.strip()) for w, p in rows] == [
+        ("int8", "generic"), ("int8", widest), ("int4", "generic"), ("int4", widest)
+    ]  # fmt: skip
+    assert "Goal (int4 and int8 on avx2) not measured in this run." in done.stdout

@@ -3,6 +3,7 @@ log, in ``info`` and in ``check-config --print``; every explicit choice stays as
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,67 @@ def test_check_config_prints_the_resolved_choice(tmp_path: Path) -> None:
     assert resolved["quantization"] in ("int8", "none") and resolved["reason"]
     assert resolved["threads"]["chosen"] == "configured" and resolved["threads"]["at_most"] == 1
     assert document["tts"]["torch"]["quantization"] == "auto"  # the configuration as written
+
+
+@pytest.mark.torch
+def test_the_engine_says_which_native_path_runs_and_why_in_the_log_and_info() -> None:
+    """``engine_format`` and ``info`` (and its MQTT payload) name the instruction-set path that runs
+    and why: ``auto``'s choice, and a configured cap."""
+    from s2s_daemon.events.publisher import MqttEvents
+    from s2s_daemon.mqtt.topics import Topics
+    from s2s_daemon.tts.engine import EngineOptions
+    from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine, native
+
+    if native.why_not_here() is not None:
+        pytest.skip(f"no native kernels here: {native.why_not_here()}")
+    widest = [p for p in native.carried_paths() if p in native.runnable_paths()][-1]
+    for isa, path, reason in (("auto", widest, "auto: cpu has "), ("generic", "generic", "configured")):
+        engine = TorchQwen3Engine(EngineOptions(model=str(TINY), device="cpu", quantization="int8", isa=isa))
+        with capture_logs() as logs:
+            info = engine.load_blocking()
+        engine.close_blocking()
+        chosen = [e for e in logs if e["event"] == "engine_format"]
+        assert len(chosen) == 1 and chosen[0]["isa"] == path and chosen[0]["isa_reason"].startswith(reason)
+        assert info.isa == f"{path} ({chosen[0]['isa_reason']})"
+        sent: list[object] = []
+        events = MqttEvents(sent.append, Topics("s2s", "t"), info, 1, False, lambda: None)
+        assert json.loads(events.info_message().payload)["isa"] == info.isa
+
+
+@pytest.mark.torch
+def test_an_isa_the_library_does_not_carry_fails_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path this CPU runs but the installed library lacks (built by an old compiler, or an
+    architecture whose wide paths are still hooks): the configured cap fails the load, saying so."""
+    from s2s_daemon.tts.engine import EngineError, EngineOptions
+    from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine, native
+
+    if native.why_not_here() is not None:
+        pytest.skip(f"no native kernels here: {native.why_not_here()}")
+    wide = native.runnable_paths()[-1]
+    monkeypatch.setattr(native, "carried_paths", lambda: ("generic",))
+    monkeypatch.setattr(native, "_state", {})
+    engine = TorchQwen3Engine(EngineOptions(model=str(TINY), device="cpu", quantization="int8", isa=wide))
+    with pytest.raises(EngineError, match=f"carries no {'avx512' if wide == 'amx' else wide} path|no AMX"):
+        engine.load_blocking()
+    engine.close_blocking()
+
+
+def test_check_config_prints_the_native_path(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from s2s_daemon.tts.torch_qwen3 import native
+
+    if native.why_not_here() is not None:
+        pytest.skip(f"no native kernels here: {native.why_not_here()}")
+    config = tmp_path / "c.yaml"
+    config.write_text("tts: {torch: {device: cpu, threads: 1, isa: generic}}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "s2s_daemon", "check-config", str(config), "--print"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    block = done.stdout.split(RESOLVED_MARKER, 1)[1].split("\n", 1)[1]
+    resolved = yaml.safe_load("\n".join(line.removeprefix("#   ") for line in block.splitlines()))["tts.torch"]
+    assert resolved["native_kernels"]["isa"] == "generic" and resolved["native_kernels"]["reason"] == "configured"
+    assert "generic" in resolved["native_kernels"]["paths"].split()

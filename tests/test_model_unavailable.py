@@ -41,9 +41,6 @@ def _say(tmp_path: Path, engine: str, model: str, endpoint: str, **env: str) -> 
     clean.update(
         HF_HOME=str(tmp_path / "hf"),
         HF_ENDPOINT=endpoint,
-        # An empty build folder: a daemon that built the kernels before looking at the model would
-        # take a minute here (and the test's timeout would say so).
-        TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"),
         **env,
     )
     command = [sys.executable, "-m", "s2s_daemon", "say", "hi", "--engine", engine, "--model", model]

@@ -1,160 +1,260 @@
-"""Where the native kernels are built, when they are rebuilt, and what is said meanwhile.
+"""The native kernels are built at install and only loaded at run time.
 
-No test here compiles: the builds are stood in for by a recorder, and the one test that loads the
-real extension in a second process runs only when this environment's build already exists
-(``scripts/test`` makes it).
+``setup.py`` builds ``_kernels.so`` with ``pip install`` (in place for ``pip install -e``, as
+``scripts/test`` does); the daemon never invokes a compiler. These tests check what the library is
+built from and refused for, the check command, that one OpenMP runtime is mapped, that a start with
+no compiler on PATH (and no cache of any earlier build) runs the native kernels, and (slow) that
+setuptools' wheel and editable builds carry the library, and that a build without a compiler
+still installs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
-from typing import Any
 
 import pytest
-import structlog
+
+from tests.support.daemon import REPO
 
 pytestmark = pytest.mark.torch
 
 torch = pytest.importorskip("torch")
 
-from s2s_daemon.tts.torch_qwen3 import native  # noqa: E402 - after the importorskip
+from s2s_daemon.tts import isa  # noqa: E402 - after the importorskip
+from s2s_daemon.tts.torch_qwen3 import native  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+TINY = REPO / "tests" / "fixtures" / "qwen3_tiny" / "custom_voice"
 
 
-def _python(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _library_or_skip() -> None:
+    reason = native.why_not_here()
+    if reason is not None and shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip(f"native kernels not built (no C++ compiler here): {reason}")
+    assert reason is None, reason
+
+
+def _python(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
     return subprocess.run(
         [sys.executable, *args],
-        cwd=ROOT,
-        env={**os.environ, **env},
+        cwd=REPO,
+        env={**base, **(env or {})},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
 
 
-def test_the_key_is_stable_across_calls_and_processes() -> None:
-    assert native.build_key() == native.build_key()
-    done = _python("-c", "from s2s_daemon.tts.torch_qwen3 import native; print(native.build_folder())")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(native.build_folder())
-
-
-def test_the_folder_names_torch_and_python_and_honours_torch_extensions_dir(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    folder = native.build_folder()
-    assert folder.parent == tmp_path
-    assert folder.name.startswith(f"torch{torch.__version__.split('+')[0]}-{sys.implementation.cache_tag}-")
-
-
-def test_another_torch_installation_gets_another_folder(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two virtual environments with the same torch version: torch's ninja file names each one's
-    include and lib folders, so sharing a folder would rebuild on every alternation."""
-    here = native.build_folder()
-    monkeypatch.setattr(torch, "__file__", "/opt/other-venv/lib/python3.11/site-packages/torch/__init__.py")
-    assert native.build_key()["torch"] == torch.__version__
-    assert native.build_folder() != here
-    monkeypatch.undo()
-    assert native.build_folder() == here
-
-
-@pytest.mark.parametrize("change", ["compiler", "torch_version", "python_include", "source_path"])
-def test_whatever_changes_the_build_command_changes_the_folder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
-) -> None:
-    here = native.build_folder()
-    if change == "compiler":
-        monkeypatch.setenv("CXX", "clang++")
-    elif change == "torch_version":
-        monkeypatch.setattr(torch, "__version__", "2.13.0+cu128")
-    elif change == "python_include":
-        import sysconfig
-
-        real = sysconfig.get_paths
-
-        def other_python() -> dict[str, str]:
-            return {**real(), "include": "/usr/include/python3.11"}
-
-        monkeypatch.setattr(sysconfig, "get_paths", other_python)
-    else:  # another checkout with the same text: the ninja file names the source by its path
-        copy = tmp_path / "linear.cpp"
-        shutil.copyfile(native._SOURCE, copy)
-        digest = native.build_key()["source_sha256"]
-        monkeypatch.setattr(native, "_SOURCE", copy)
-        assert native.build_key()["source_sha256"] == digest
-    assert native.build_folder() != here
-
-
-def test_an_edited_source_gets_another_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    source = tmp_path / "linear.cpp"
-    shutil.copyfile(native._SOURCE, source)
-    monkeypatch.setattr(native, "_SOURCE", source)
-    before = native.build_folder()
-    source.write_bytes(source.read_bytes() + b"\n// edited\n")
-    assert native.build_folder() != before
-
-
-class _FakeBuild:
-    """Stands in for ``torch.utils.cpp_extension.load``: records calls and leaves the ``.so``."""
-
-    def __init__(self) -> None:
-        self.calls: list[dict[str, Any]] = []
-
-    def __call__(self, **kwargs: Any) -> object:
-        self.calls.append(kwargs)
-        folder = Path(kwargs["build_directory"])
-        (folder / f"{kwargs['name']}.so").write_bytes(b"")
-        return object()
-
-
-def test_a_build_is_announced_and_timed_and_a_built_folder_is_not(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if native.why_not_here() is not None:
-        pytest.skip(f"native kernels cannot run here: {native.why_not_here()}")
-    import torch.utils.cpp_extension as cpp_extension
-
-    fake = _FakeBuild()
-    monkeypatch.setattr(cpp_extension, "load", fake)
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+@pytest.fixture
+def fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The module's loaded library and kernels forgotten for the test (restored after it)."""
     monkeypatch.setattr(native, "_state", {})
-    with structlog.testing.capture_logs() as logs:
-        assert native.load() is not None
-    events = [entry["event"] for entry in logs]
-    assert events == ["native_kernels_building", "native_kernels_built"]
-    assert logs[0]["expected_s"] == native.BUILD_EXPECTED_S and logs[0]["cached_in"] == str(native.build_folder())
-    assert isinstance(logs[1]["build_s"], float)
-    assert fake.calls[0]["build_directory"] == str(native.build_folder())
-    assert (native.build_folder() / "key.json").is_file()
-
-    monkeypatch.setattr(native, "_state", {})  # a second process
-    with structlog.testing.capture_logs() as logs:
-        assert native.load() is not None
-    assert [entry["event"] for entry in logs] == ["native_kernels_cached"]
 
 
-def test_a_second_process_loads_the_build_without_compiling() -> None:
-    if native.why_not_here() is not None:
-        pytest.skip(f"native kernels cannot run here: {native.why_not_here()}")
-    folder = native.build_folder()
-    if not native.is_built(folder):
-        pytest.skip(f"no build in {folder} yet (python -m s2s_daemon.tts.torch_qwen3.native makes it)")
-    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir() if p.suffix in (".so", ".o")}
+def test_the_library_was_built_from_the_sources_beside_it() -> None:
+    """setup.py compiles the digest of the sources into the library; the module computes it again
+    (the two digest functions agree, or every library would read as stale)."""
+    _library_or_skip()
+    assert native.library().s2s_source_digest().decode() == native.source_digest()
+    assert native.layout_key() == f"{native.PACK_LAYOUT}-{native.source_digest()[:16]}"
+
+
+def test_a_library_built_from_other_sources_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An editable checkout whose kernels changed after the build: the library is not run (its
+    packing and kernels may not be the sources'), and the reason says how to rebuild."""
+    _library_or_skip()
+    for source in native._FOLDER.iterdir():
+        if source.suffix in native.SOURCE_SUFFIXES:
+            shutil.copyfile(source, tmp_path / source.name)
+    (tmp_path / "api.cpp").write_text((tmp_path / "api.cpp").read_text() + "\n// edited\n")
+    monkeypatch.setattr(native, "_FOLDER", tmp_path)
+    monkeypatch.setattr(native, "_state", {})  # a process that starts now
+    assert native.load() is None
+    reason = native.unavailable_reason()
+    assert reason is not None and "other sources" in reason and "build_ext --inplace" in reason
+
+
+def test_without_the_library_the_reason_says_to_install_with_a_compiler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_state: None
+) -> None:
+    monkeypatch.setattr(native, "LIBRARY", tmp_path / "_kernels.so")
+    assert native.load() is None and native.why_not_here() is not None
+    assert "not built at install" in (native.unavailable_reason() or "")
+    from s2s_daemon.tts.torch_qwen3.formats import choose_format
+
+    choice = choose_format("cpu", "auto", "auto", "auto", native.why_not_here)
+    assert choice.quantization == "none" and "not built at install" in choice.reason
+
+
+def test_the_check_prints_the_library_its_paths_and_the_one_that_runs() -> None:
+    _library_or_skip()
     done = _python("-m", "s2s_daemon.tts.torch_qwen3.native")
     assert done.returncode == 0, done.stderr
-    assert "building" not in done.stdout and str(folder) in done.stdout
-    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir() if p.suffix in (".so", ".o")} == before
+    carried = " ".join(native.carried_paths())
+    kernels = native.load()
+    assert kernels is not None
+    assert done.stdout.splitlines() == [
+        f"native kernels: {native.LIBRARY} (OpenMP threads)",
+        f"paths: {carried} (this CPU runs: {' '.join(native.runnable_paths())})",
+        f"runs: {kernels.isa} ({kernels.isa_reason})",
+    ]
+    capped = _python("-m", "s2s_daemon.tts.torch_qwen3.native", env={"S2S_TTS__TORCH__ISA": "generic"})
+    assert capped.returncode == 0 and capped.stdout.splitlines()[-1] == "runs: generic (configured)"
+    other = "neon" if isa.architecture() == "x86_64" else "avx2"
+    refused = _python("-m", "s2s_daemon.tts.torch_qwen3.native", "--isa", other)
+    assert refused.returncode == 1 and f"{other} is not a path of this" in refused.stderr
 
 
-def test_the_prebuild_exits_0_and_says_why_without_a_compiler() -> None:
-    done = _python("-m", "s2s_daemon.tts.torch_qwen3.native", CXX="/nonexistent/c++")
+def test_the_library_and_python_agree_on_this_cpus_paths() -> None:
+    _library_or_skip()
+    assert native.runnable_paths() == isa.cpu_paths()
+
+
+def test_one_openmp_runtime_is_mapped_and_its_threads_are_torchs() -> None:
+    """The library links libgomp.so.1 by soname: loaded after torch it is torch's own, one runtime
+    and one pool of threads (a second runtime would spin its own threads beside torch's)."""
+    _library_or_skip()
+    code = """
+import json, torch
+from s2s_daemon.tts.torch_qwen3 import native
+torch.set_num_threads(2)
+kernels = native.load()
+layer = native.PackedLinear(torch.nn.Linear(2048, 2048), "int8", kernels)
+layer(torch.randn(1, 2048))
+maps = open("/proc/self/maps").read().splitlines()
+print(json.dumps(sorted({line.split()[-1] for line in maps if "libgomp" in line})))
+"""
+    done = _python("-c", code)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("native kernels: not used here (")
-    assert "torch's own kernels" in done.stdout
+    mapped = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(mapped) == 1, mapped
+    assert Path(mapped[0]).resolve().parent == (Path(torch.__file__).parent / "lib").resolve(), mapped
+
+
+@pytest.mark.timeout(120)
+def test_a_start_with_no_compiler_on_path_runs_the_native_kernels(tmp_path: Path) -> None:
+    """``say`` on the tiny checkpoint as a fresh user: no compiler, ninja or anything else on PATH,
+    empty caches (``TORCH_EXTENSIONS_DIR``: no build of the kernels that compiled them at first
+    use, before the library, to fall back on), and the native kernels run."""
+    _library_or_skip()
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    assert all(shutil.which(tool, path=str(empty)) is None for tool in ("c++", "g++", "gcc", "cc", "ninja"))
+    done = _python(
+        "-m",
+        "s2s_daemon",
+        "say",
+        "Hello there.",
+        "--model",
+        str(TINY),
+        "--out",
+        str(tmp_path / "out.wav"),
+        "--greedy",
+        env={
+            "PATH": str(empty),
+            "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            "HOME": str(tmp_path),
+            "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"),
+            "S2S_TTS__OPTIONS__MAX_FRAMES": "4",
+            "S2S_TTS__TORCH__DEVICE": "cpu",
+            "S2S_LOG__FORMAT": "json",
+        },
+        timeout=100,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    events = [json.loads(line) for line in (done.stdout + done.stderr).splitlines() if line.startswith("{")]
+    chosen = [e for e in events if e.get("event") == "engine_format"]
+    assert len(chosen) == 1 and chosen[0]["kernels"] == "native", chosen
+    widest = [p for p in isa.cpu_paths() if p in native.carried_paths()][-1]
+    assert chosen[0]["isa"] == widest
+    assert chosen[0]["isa_reason"].startswith("auto: ")
+
+
+# ------------------------------------------------------------------ setuptools' builds (slow)
+
+
+def _tree(tmp_path: Path) -> Path:
+    """What a clone has of the package (no built library, no caches)."""
+    tree = tmp_path / "src"
+    tree.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copyfile(REPO / name, tree / name)
+    shutil.copytree(REPO / "s2s_daemon", tree / "s2s_daemon", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    return tree
+
+
+def _build(tree: Path, hook: str, out: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A PEP 517/660 hook of setuptools.build_meta, run in ``tree`` as pip runs it."""
+    code = f"from setuptools import build_meta; print(build_meta.{hook}({str(out)!r}))"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tree,
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def _loads(library: Path) -> str:
+    """The paths a built library says it carries (ctypes in a fresh Python, torch loaded first)."""
+    code = f"import ctypes, torch; lib = ctypes.CDLL({str(library)!r}); lib.s2s_paths.restype = ctypes.c_char_p; print(lib.s2s_paths().decode())"  # noqa: E501
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_pip_builds_a_wheel_per_architecture_carrying_every_path(tmp_path: Path) -> None:
+    _library_or_skip()
+    tree, out = _tree(tmp_path), tmp_path / "dist"
+    out.mkdir()
+    done = _build(tree, "build_wheel", out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    wheel = out / done.stdout.strip().splitlines()[-1]
+    assert wheel.name.endswith(f"-py3-none-linux_{isa.architecture()}.whl"), wheel.name  # no Python ABI in it
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        member = "s2s_daemon/tts/torch_qwen3/native/_kernels.so"
+        assert member in names and "s2s_daemon/tts/torch_qwen3/native/kernels.h" in names
+        archive.extract(member, tmp_path / "unpacked")
+    assert _loads(tmp_path / "unpacked" / member) == " ".join(native.carried_paths())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_editable_install_builds_the_library_in_place(tmp_path: Path) -> None:
+    """``pip install -e .`` (scripts/test, scripts/run): setuptools builds the extension in the
+    source tree, where the package looks for it."""
+    _library_or_skip()
+    tree, out = _tree(tmp_path), tmp_path / "dist"
+    out.mkdir()
+    done = _build(tree, "build_editable", out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    built = tree / "s2s_daemon" / "tts" / "torch_qwen3" / "native" / "_kernels.so"
+    assert built.is_file()
+    assert _loads(built) == " ".join(native.carried_paths())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_install_without_a_compiler_still_succeeds_without_the_library(tmp_path: Path) -> None:
+    tree, out = _tree(tmp_path), tmp_path / "dist"
+    out.mkdir()
+    done = _build(tree, "build_wheel", out, env={"CC": "/nonexistent/cc", "CXX": "/nonexistent/c++"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    wheel = out / done.stdout.strip().splitlines()[-1]
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert "s2s_daemon/tts/torch_qwen3/native/__init__.py" in names
+    assert not any(name.endswith("_kernels.so") for name in names)

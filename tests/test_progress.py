@@ -56,7 +56,7 @@ def test_a_terminal_gets_a_bar_redrawn_in_place_and_cleared_at_the_end() -> None
 
 def test_one_long_call_is_measured_against_its_expected_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(progress, "LOG_EVERY_S", 0.05)
-    with capture_logs() as logs, Progress("building_native_kernels", expected_s=10.0, terminal=False):
+    with capture_logs() as logs, Progress("warming_up", expected_s=10.0, terminal=False):
         time.sleep(0.4)
     lines = [e for e in logs if e["event"] == "step_progress"]
     assert lines and all(0 <= e["percent"] <= 99 and 9.0 < e["left_s"] <= 10.0 for e in lines)

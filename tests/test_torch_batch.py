@@ -104,7 +104,7 @@ def test_batched_codes_are_each_requests_codes_alone(kernels: str) -> None:
 def test_native_run_rows_is_run_per_sequence(quantization: str, atol: float) -> None:
     """The kernel: rows of two caches at their own positions (one with two consecutive rows) give
     what each cache's own run gives, and write the same keys. (int8 and int4 sum a lone row in two
-    chains, several in one (native/linear.cpp): the last bits may differ, so batched greedy codes of
+    chains, several in one (native/x86.inc): the last bits may differ, so batched greedy codes of
     random weights can part from the codes alone at a near tie.)"""
     engine = _engine(quantization=quantization)
     try:

@@ -28,7 +28,7 @@ DEFAULT_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
 REFERENCE_ENV = "S2S_BENCH_REFERENCE_PYTHON"
 """Environment variable naming the interpreter of the official ``qwen-tts`` environment."""
 REFERENCE_NAMES = ("qwen-tts", "reference")
-_OPTION_KEYS = ("model", "device", "dtype", "quantization", "kernels", "revision")
+_OPTION_KEYS = ("model", "device", "dtype", "quantization", "kernels", "isa", "revision")
 _DEFAULT_QUANTIZATION = {"torch": "auto"}
 """EngineOptions' own default (``6bit``) is an MLX value; torch's default is the daemon's (``auto``)."""
 
@@ -41,7 +41,8 @@ examples:
 --engine NAME[:key=value,...]: NAME is a registered engine (torch, mlx) or qwen-tts (the
 official package, run in its own environment: --reference-python or $S2S_BENCH_REFERENCE_PYTHON).
 Keys: model, device, dtype (torch: fp32, bf16, fp16), quantization (torch: auto, none, int8, int4;
-mlx: 4bit, 6bit, 8bit, bf16), kernels (torch on the CPU: auto, native, torch), revision; label=NAME
+mlx: 4bit, 6bit, 8bit, bf16), kernels (torch on the CPU: auto, native, torch), isa (torch on the
+CPU: the native kernels' path, tts.torch.isa: auto, generic, avx2, avx512...), revision; label=NAME
 names the row; env.VAR=VALUE sets an environment variable of that configuration's process only
 (e.g. env.LD_PRELOAD=.../openblas-pthread/libblas.so.3 for MLX on a Linux CPU); other keys go to
 the engine's extra options. Each configuration runs in its
@@ -174,6 +175,8 @@ def handler(args: argparse.Namespace) -> int:
         sys.stderr.write(f"s2s-daemon bench: {exc}\n")
         return exc.exit_code
     machine = machine_info()
+    if any(config.engine == "torch" for config in settings.configs):
+        machine["native_kernels"] = native_kernels_here()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         outcome = run_benchmark(settings, progress_stream=None if args.no_progress else sys.stderr)
@@ -257,6 +260,17 @@ def default_engines(device: str | None) -> list[str]:
     if native.why_not_here() is not None:  # no native kernels: float32 is what there is
         return ["torch"]
     return ["torch", "torch:quantization=int4", "torch:quantization=none"]
+
+
+def native_kernels_here() -> str | None:
+    """The torch engine's native CPU kernels on this machine for the machine line: the path ``auto``
+    runs and why (``avx512 (auto: cpu has avx512_vnni)``), why there are none, or None without torch."""
+    try:
+        from s2s_daemon.tts.torch_qwen3 import native
+    except ImportError:
+        return None
+    kernels = native.load() if native.why_not_here() is None else None
+    return f"{kernels.isa} ({kernels.isa_reason})" if kernels is not None else f"none ({native.why_not_here()})"
 
 
 def settings_from_args(args: argparse.Namespace) -> BenchSettings:

@@ -237,7 +237,7 @@ def build_document(
     }
 
 
-_SECTION_KEYS = ("device", "dtype", "quantization", "kernels")
+_SECTION_KEYS = ("device", "dtype", "quantization", "kernels", "isa")
 """Options of a configuration that are keys of its engine's section (``tts.<engine>.<key>``)."""
 
 
@@ -422,7 +422,8 @@ def render_markdown(document: dict[str, Any]) -> tuple[str, str]:
 
 def describe_machine(machine: dict[str, Any]) -> str:
     memory = f", {machine['memory_gib']} GiB RAM" if machine.get("memory_gib") else ""
-    return f"{machine['cpu']}, {machine['logical_cores']} logical cores{memory}, {machine['platform']}"
+    kernels = f", native kernels {machine['native_kernels']}" if machine.get("native_kernels") else ""
+    return f"{machine['cpu']}, {machine['logical_cores']} logical cores{memory}, {machine['platform']}{kernels}"
 
 
 def load_pyplot() -> Any:

@@ -8,9 +8,10 @@ from s2s_daemon.tts.engine import EngineOptions
 from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
 
 
-def cpu_engine(model: str, quantization: str, threads: int, **extra: str) -> TorchQwen3Engine:
+def cpu_engine(model: str, quantization: str, threads: int, isa: str = "auto", **extra: str) -> TorchQwen3Engine:
     """``model`` in float32 activations with ``quantization`` (``none``, ``int8``, ``int4``) weights,
-    ``threads`` intra-op threads and the engine options ``extra``; loaded and warmed up."""
+    ``threads`` intra-op threads, the native kernels' path ``isa`` (``tts.torch.isa``) and the
+    engine options ``extra``; loaded and warmed up."""
     import torch
 
     torch.set_num_threads(threads)
@@ -21,6 +22,7 @@ def cpu_engine(model: str, quantization: str, threads: int, **extra: str) -> Tor
             dtype="float32",
             quantization=quantization,
             kernels="native",
+            isa=isa,
             extra={"threads": str(threads), **extra},
         )
     )

@@ -104,7 +104,7 @@ class EngineHost:
         raw = dict(request.get("options", {}))
         extra = {str(k): str(v) for k, v in dict(raw.pop("extra", {})).items()}
         named: dict[str, Any] = {
-            k: str(v) for k, v in raw.items() if k in ("device", "dtype", "quantization", "kernels", "revision")
+            k: str(v) for k, v in raw.items() if k in ("device", "dtype", "quantization", "kernels", "isa", "revision")
         }
         options = EngineOptions(model=str(raw.pop("model")), extra=extra, **named)
         rss_before = rss_mib()

@@ -266,6 +266,8 @@ class MqttEvents:
             payload["format"] = info.dtype
             if info.format_reason:
                 payload["formatReason"] = info.format_reason
+        if info.isa:  # the native CPU kernels' instruction-set path, and why
+            payload["isa"] = info.isa
         return OutMessage(self.topics.info, dumps(payload), 1, True)
 
     def status_message(self, online: bool) -> OutMessage:

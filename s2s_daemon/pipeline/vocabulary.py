@@ -41,6 +41,9 @@ class EngineInfo:
     format_reason: str = ""
     """Why ``dtype``: what ``auto`` chose for this device and why, or ``configured``; empty when the
     engine does not say."""
+    isa: str = ""
+    """The torch engine's native CPU kernels: the instruction-set path that runs and why
+    (``avx512 (auto: cpu has avx512_vnni)``); empty without them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,8 @@ class EngineOptions:
     """MLX: ``4bit``, ``6bit``, ``8bit`` or ``bf16``; torch: ``none``, ``int8`` or ``int4``."""
     kernels: str = "auto"
     """Torch on the CPU: ``auto``, ``native`` or ``torch`` linear kernels."""
+    isa: str = "auto"
+    """Torch on the CPU: the native kernels' instruction-set path (``tts.torch.isa``)."""
     threads: int | None = None
     """Torch on the CPU: intra-op threads; None follows what the machine leaves free."""
     revision: str | None = None

@@ -23,6 +23,7 @@ def _torch_options(tts: TtsConfig) -> EngineOptions:
         dtype=section.dtype,
         quantization=section.quantization,
         kernels=section.kernels,
+        isa=section.isa,
         threads=section.threads if isinstance(section.threads, int) else None,
         revision=tts.revision,
         extra=dict(tts.options),

@@ -147,7 +147,7 @@ def _few_row_gemm(ext: Any, rows: Tensor, weight: Tensor, bias: Tensor | None) -
     kernels stream it (up to ``ext.MAX_STREAM_ROWS`` rows) or run a register-blocked product (up
     to ``ext.MAX_BLOCKED_ROWS``). ``scripts/bench_codec.py`` measures a push both ways.
     """
-    code = 1 if weight.dtype == torch.bfloat16 else 0  # linear.cpp's bfloat16 and float32 formats
+    code = 1 if weight.dtype == torch.bfloat16 else 0  # the kernels' bfloat16 and float32 formats
     out: Tensor = ext.linear(rows.contiguous(), code, weight, None, None, weight.shape[0], 0, bias)
     return out
 
@@ -169,9 +169,9 @@ products run on; without them it widens bfloat16 to float32 (AVX-512) or falls b
 def bf16_dot_products(flags: set[str] | None = None) -> bool:
     """Whether this CPU (or one with ``flags``, ``/proc/cpuinfo``'s) has bfloat16 dot products."""
     if flags is None:
-        from s2s_daemon.tts.torch_qwen3.native import _cpu_flags
+        from s2s_daemon.tts.isa import this_cpu_flags
 
-        flags = _cpu_flags()
+        flags = set(this_cpu_flags())
     return any(flag in flags for flag in BF16_DOT_FLAGS)
 
 

@@ -1,7 +1,7 @@
 """``TorchQwen3Engine``: the project's own streaming Qwen3-TTS 12 Hz in plain torch.
 
 Load: resolve the checkpoint, parse its configs and load the text tokenizer first, so a wrong
-``tts.model`` fails before anything slow; then the native CPU kernels (built on first use), the
+``tts.model`` fails before anything slow; then the native CPU kernels (built at install), the
 talker (built on the meta device, then assigned its weights) and the codec decoder (and encoders
 for Base models). Synthesize: build the official prompt, run the frame loop, and every
 ``chunk_frames`` frames push the new codes through the streaming codec decoder.
@@ -213,7 +213,7 @@ class TorchQwen3Engine:
         quantization, kernels = self._kernel_options(device)
         overlap = self._overlap_mode()
         # The checkpoint is found and its configs and tokenizer read before the native kernels are
-        # (built and) loaded: a wrong tts.model fails in seconds, not after a minute of compiling.
+        # loaded and the weights packed: a wrong tts.model fails in seconds.
         folder = resolve_checkpoint(self.options.model, self.options.revision)
         cfg = load_model_config(folder)
         gen = load_generation_settings(folder)
@@ -230,6 +230,7 @@ class TorchQwen3Engine:
             kernels="native" if ext is not None else "torch",
             chosen="auto" if choice.auto else "configured",
             reason=choice.reason,
+            **({"isa": ext.isa, "isa_reason": ext.isa_reason} if ext is not None else {}),
         )
         weights, self.codec = self._load_weights(cfg, folder, device, dtype, weight_format, ext)
         if cfg.mode == "base":
@@ -261,6 +262,7 @@ class TorchQwen3Engine:
             dtype=weight_format,
             mode=cfg.mode,
             format_reason=choice.reason,
+            isa=f"{ext.isa} ({ext.isa_reason})" if ext is not None else "",
         )
         log.info(
             "torch_engine_loaded",
@@ -331,12 +333,24 @@ class TorchQwen3Engine:
         self.threads = ThreadPolicy(fixed, torch.get_num_threads(), torch.set_num_threads)
         self.threads.start()
 
-    @staticmethod
-    def _native_reason() -> str | None:
-        """Why the native kernels cannot run here (None: they can; loads, and builds them once)."""
+    def _native_reason(self) -> str | None:
+        """Why the native kernels cannot run here (None: they can; loads the library)."""
         from s2s_daemon.tts.torch_qwen3 import native
 
-        return None if native.load() is not None else native.unavailable_reason() or "unavailable"
+        return None if self._native() is not None else native.unavailable_reason(self._isa()) or "unavailable"
+
+    def _isa(self) -> str:
+        return (self.options.isa or "auto").lower()
+
+    def _native(self) -> Any:
+        """The native kernels of ``tts.torch.isa``'s path, or None without the library; EngineError
+        when the configured path cannot run (the library does not carry it)."""
+        from s2s_daemon.tts.torch_qwen3 import native
+
+        try:
+            return native.load(self._isa())
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
 
     def _kernel_options(self, device: torch.device) -> tuple[str, str]:
         """(quantization, kernels) from the options, checked before anything is read or built."""
@@ -367,10 +381,12 @@ class TorchQwen3Engine:
         if wanted:
             from s2s_daemon.tts.torch_qwen3 import native
 
-            ext = native.load()
+            ext = self._native()
+            if ext is None:
+                log.warning("native_kernels_unavailable", reason=native.unavailable_reason(self._isa()))
             if ext is None and (kernels == "native" or quantization == "int4"):
                 need = "kernels: native" if kernels == "native" else "int4 quantization"
-                raise EngineError(f"{need} needs the native CPU kernels: {native.unavailable_reason()}")
+                raise EngineError(f"{need} needs the native CPU kernels: {native.unavailable_reason(self._isa())}")
         if quantization == "int4" and ext is None:
             raise EngineError("int4 quantization needs the native CPU kernels (tts.torch.kernels: auto or native)")
         if quantization == "int8" and ext is None:

@@ -39,7 +39,7 @@ def choose_format(
 ) -> FormatChoice:
     """Resolve ``auto`` in ``dtype`` and ``quantization`` for a ``device`` type (``cpu``, ``cuda``,
     ``mps``). ``native_reason()`` says why the native CPU kernels cannot run here (None: they can);
-    it is called only when the answer matters (it may build them)."""
+    it is called only when the answer matters (it loads their library)."""
     dtype = (dtype or "auto").lower()
     quantization = (quantization or "auto").lower()
     auto_q, auto_d = quantization == "auto", dtype == "auto"
@@ -78,9 +78,11 @@ def choose_format(
     )
 
 
-def resolved(device: str, dtype: str, quantization: str, kernels: str, threads: int | str) -> dict[str, object]:
+def resolved(
+    device: str, dtype: str, quantization: str, kernels: str, threads: int | str, isa: str = "auto"
+) -> dict[str, object]:
     """What the engine would load with these ``tts.torch`` settings on this machine, without loading
-    or building anything (``check-config --print``)."""
+    the model (``check-config --print``); the native kernels' library is opened to ask it."""
     import torch
 
     from s2s_daemon.tts.threads import CpuShare, affinity_cpus, ceiling_threads, cgroup_quota, wait_policy
@@ -88,14 +90,7 @@ def resolved(device: str, dtype: str, quantization: str, kernels: str, threads: 
     from s2s_daemon.tts.torch_qwen3.engine import pick_device
 
     where = pick_device(device).type
-    built: list[str] = []
-
-    def native_reason() -> str | None:
-        why = native.why_not_here()
-        built.append("built" if why is None and native.is_built() else "built on first start" if why is None else "")
-        return why
-
-    choice = choose_format(where, dtype, quantization, kernels, native_reason)
+    choice = choose_format(where, dtype, quantization, kernels, native.why_not_here)
     out: dict[str, object] = {
         "device": where,
         "dtype": choice.dtype,
@@ -103,8 +98,18 @@ def resolved(device: str, dtype: str, quantization: str, kernels: str, threads: 
         "chosen": "auto" if choice.auto else "configured",
         "reason": choice.reason,
     }
-    if built and built[0]:
-        out["native_kernels"] = built[0]
+    if where == "cpu" and kernels != "torch":
+        why = native.why_not_here()
+        try:
+            here = native.load(isa) if why is None else None
+        except ValueError as exc:  # a configured path this build does not carry
+            why = str(exc)
+            here = None
+        out["native_kernels"] = (
+            {"isa": here.isa, "reason": here.isa_reason, "paths": " ".join(native.carried_paths())}
+            if here is not None
+            else {"unavailable": why}
+        )
     if where == "cpu":
         share = CpuShare(affinity_cpus(), cgroup_quota())
         out["threads"] = {

@@ -1,34 +1,41 @@
-"""``python -m s2s_daemon.tts.torch_qwen3.native``: build (or find) the kernels and say where.
+"""``python -m s2s_daemon.tts.torch_qwen3.native [--isa PATH]``: check the installed kernels.
 
-Exit status 0 when they load, or when this machine cannot run them (no C++ compiler, no ninja, no
-AVX2: the reason is printed and the engine uses torch's kernels); 1 when it could but the build
-failed (the compiler's last line is printed).
+Prints the library, the instruction-set paths it carries and the ones this CPU runs, and the path
+``tts.torch.isa`` (``--isa``, else ``S2S_TTS__TORCH__ISA``, else ``auto``) picks, with the reason.
+Compiles nothing (``pip install`` built the library). Exit status 0 when the kernels load; 1 when
+they cannot (not built at install, built from other sources, a path this CPU or build lacks: the
+reason is printed, and the engine would use torch's own kernels or refuse the path).
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
-import time
 
-from s2s_daemon.logs import configure_logging
+from s2s_daemon.tts import isa as isa_paths
 from s2s_daemon.tts.torch_qwen3 import native
 
 
-def main() -> int:
-    configure_logging("auto", "warning")  # this command prints its own lines
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m s2s_daemon.tts.torch_qwen3.native", description=__doc__)
+    parser.add_argument("--isa", choices=isa_paths.CHOICES, default=os.environ.get("S2S_TTS__TORCH__ISA", "auto"))
+    args = parser.parse_args(argv)
     reason = native.why_not_here()
     if reason is not None:
-        print(f"native kernels: not used here ({reason}); the torch engine uses torch's own kernels")
-        return 0
-    folder = native.build_folder()
-    if not native.is_built(folder):
-        print(f"native kernels: building once, about {native.BUILD_EXPECTED_S} s, into {folder}", flush=True)
-    started = time.perf_counter()
-    module = native.load()
-    if module is None:
-        print(f"native kernels: {native.unavailable_reason()}", file=sys.stderr)
+        print(f"native kernels: unavailable: {reason}", file=sys.stderr)
         return 1
-    print(f"native kernels: {module.__file__} ({time.perf_counter() - started:.1f} s)")
+    lib = native.library()
+    openmp = "OpenMP threads" if lib.s2s_openmp() else "no OpenMP: one thread"
+    print(f"native kernels: {native.LIBRARY} ({openmp})")
+    print(f"paths: {' '.join(native.carried_paths())} (this CPU runs: {' '.join(native.runnable_paths())})")
+    try:
+        kernels = native.load(args.isa)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    assert kernels is not None
+    print(f"runs: {kernels.isa} ({kernels.isa_reason})")
     return 0
 
 

@@ -1,0 +1,354 @@
+// The library's C ABI (what native/__init__.py calls through ctypes), the instruction-set paths it
+// carries and which of them this CPU runs, packing float32 weights into the integer formats, and
+// the threads' scratch memory. Every entry point returns 0 on success, or -1 with the reason in
+// s2s_error() (the calling thread's last error): bad arguments never abort the process.
+//
+// Why a plain C library and not a torch extension: no torch headers and no torch C++ ABI to match
+// (any torch version loads it, pip builds it without torch), and one build per architecture. The
+// per-call cost of ctypes is per linear or per decoder position (a whole Stack is one call).
+
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "kernels.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+
+#ifndef S2S_SOURCE_DIGEST
+#define S2S_SOURCE_DIGEST ""
+#endif
+
+namespace {
+
+using s2s::Ops;
+using s2s::Weight;
+
+thread_local char g_error[512];
+
+int fail(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(g_error, sizeof g_error, fmt, args);
+  va_end(args);
+  return -1;
+}
+
+// ----------------------------------------------------------------------------- the paths
+
+// What this CPU has, by path name (x86-64: cpuid, as GCC's __builtin_cpu_supports reads it with
+// the OS's XSAVE support; aarch64 Linux: the kernel's HWCAPs; macOS: sysctl).
+bool cpu_has(const char* name) {
+  if (std::strcmp(name, "generic") == 0) return true;
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (std::strcmp(name, "avx2") == 0) return avx2;
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512vnni");
+  if (std::strcmp(name, "avx512") == 0) return avx512;
+  if (std::strcmp(name, "amx") == 0) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return avx512 && (d >> 24 & 1) && (d >> 25 & 1);  // AMX-TILE, AMX-INT8
+  }
+#elif defined(__aarch64__) && defined(__linux__)
+  const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+  if (std::strcmp(name, "neon") == 0) return hw & (1UL << 1);                                   // HWCAP_ASIMD
+  if (std::strcmp(name, "dotprod") == 0) return (hw & (1UL << 1)) && (hw & (1UL << 20));        // HWCAP_ASIMDDP
+  if (std::strcmp(name, "i8mm") == 0) return (hw & (1UL << 20)) && (hw2 & (1UL << 13));          // HWCAP2_I8MM
+#elif defined(__aarch64__) && defined(__APPLE__)
+  auto feature = [](const char* key) {
+    int value = 0;
+    size_t size = sizeof value;
+    return sysctlbyname(key, &value, &size, nullptr, 0) == 0 && value != 0;
+  };
+  if (std::strcmp(name, "neon") == 0) return true;
+  if (std::strcmp(name, "dotprod") == 0) return feature("hw.optional.arm.FEAT_DotProd");
+  if (std::strcmp(name, "i8mm") == 0) return feature("hw.optional.arm.FEAT_I8MM");
+#endif
+  return false;
+}
+
+// The paths this build carries, best last. aarch64's hooks: a unit that defines s2s_ops_neon
+// (or _dotprod, _i8mm) is added to setup.py's sources for aarch64 with -DS2S_HAVE_NEON (...), and
+// its table here; until then aarch64 runs the generic path.
+#if defined(__aarch64__) && defined(S2S_HAVE_NEON)
+extern "C" const Ops s2s_ops_neon;
+#endif
+#if defined(__aarch64__) && defined(S2S_HAVE_DOTPROD)
+extern "C" const Ops s2s_ops_dotprod;
+#endif
+#if defined(__aarch64__) && defined(S2S_HAVE_I8MM)
+extern "C" const Ops s2s_ops_i8mm;
+#endif
+
+const Ops* const kCarried[] = {
+    &s2s_ops_generic,
+#if defined(__x86_64__) || defined(_M_X64)
+    &s2s_ops_avx2,
+    &s2s_ops_avx512,
+#endif
+#if defined(__aarch64__) && defined(S2S_HAVE_NEON)
+    &s2s_ops_neon,
+#endif
+#if defined(__aarch64__) && defined(S2S_HAVE_DOTPROD)
+    &s2s_ops_dotprod,
+#endif
+#if defined(__aarch64__) && defined(S2S_HAVE_I8MM)
+    &s2s_ops_i8mm,
+#endif
+};
+
+int check_weight(const Weight* w) {
+  if (w == nullptr || w->data == nullptr) return fail("no weight");
+  if (w->fmt < s2s::kF32 || w->fmt > s2s::kI4) return fail("unknown weight format %d", w->fmt);
+  if (w->n < 1 || w->k < 32) return fail("a weight of %lld x %lld", (long long)w->n, (long long)w->k);
+  if (w->k % 32 != 0) return fail("in_features must be a multiple of 32, got %lld", (long long)w->k);
+  if (w->fmt == s2s::kI8 && w->scales == nullptr) return fail("int8 weights need float32 scales [out_features]");
+  if (w->fmt == s2s::kI4) {
+    if (w->group < 32 || w->group % 32 != 0 || w->k % w->group != 0)
+      return fail("group size must be a multiple of 32 dividing %lld, got %d", (long long)w->k, w->group);
+    if (w->scales == nullptr || w->mins == nullptr)
+      return fail("4-bit weights need float32 scales and mins [out_features, in_features / group]");
+  }
+  return 0;
+}
+
+struct Stack {
+  const Ops* ops;
+  s2s::StackShape shape;
+  std::vector<s2s::Layer> layers;
+  const float* norm;
+};
+
+// ----------------------------------------------------------------------------- scratch
+
+struct Scratch {
+  void* p[s2s::kScratchSlots] = {};
+  int64_t size[s2s::kScratchSlots] = {};
+  ~Scratch() {
+    for (void* q : p) std::free(q);
+  }
+};
+thread_local Scratch g_scratch;
+
+}  // namespace
+
+void* s2s::scratch(int slot, int64_t bytes) {
+  Scratch& s = g_scratch;
+  if (bytes > s.size[slot]) {
+    std::free(s.p[slot]);
+    const int64_t rounded = (bytes + 4095) / 4096 * 4096;
+    s.p[slot] = std::aligned_alloc(64, static_cast<size_t>(rounded));
+    if (s.p[slot] == nullptr) throw std::bad_alloc();
+    s.size[slot] = rounded;
+  }
+  return s.p[slot];
+}
+
+// ----------------------------------------------------------------------------- the C ABI
+
+S2S_API const char* s2s_error() { return g_error; }
+S2S_API int s2s_abi_version() { return s2s::kAbiVersion; }
+S2S_API int64_t s2s_max_rows() { return s2s::kMaxRows; }
+S2S_API int64_t s2s_max_blocked_rows() { return s2s::kBlockedMaxRows; }
+S2S_API const char* s2s_source_digest() { return S2S_SOURCE_DIGEST; }
+
+S2S_API int s2s_openmp() {
+#ifdef _OPENMP
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// The paths this build carries, space-separated, the portable one first and the widest last.
+S2S_API const char* s2s_paths() {
+  static char names[128];
+  if (names[0] == '\0') {
+    for (const Ops* ops : kCarried) {
+      if (names[0] != '\0') std::strncat(names, " ", sizeof names - std::strlen(names) - 1);
+      std::strncat(names, ops->name, sizeof names - std::strlen(names) - 1);
+    }
+  }
+  return names;
+}
+
+// 1 when this CPU can run the named path (or has the named feature: `amx`), else 0.
+S2S_API int s2s_cpu_has(const char* name) { return name != nullptr && cpu_has(name) ? 1 : 0; }
+
+// The kernels of a carried path this CPU can run; NULL (and the reason) otherwise.
+S2S_API const void* s2s_ops(const char* name) {
+  if (name == nullptr) return fail("no path named"), nullptr;
+  for (const Ops* ops : kCarried) {
+    if (std::strcmp(ops->name, name) != 0) continue;
+    if (!cpu_has(name)) return fail("this CPU cannot run the %s path", name), nullptr;
+    return ops;
+  }
+  return fail("this build carries no %s path (it carries: %s)", name, s2s_paths()), nullptr;
+}
+
+S2S_API int s2s_check_weight(const Weight* w) { return check_weight(w); }
+
+// y [M, N] = x [M, K] W^T (+ bias) for M <= s2s_max_blocked_rows() (Python widens blocks beyond).
+S2S_API int s2s_linear(const void* ops_, const Weight* w, const float* x, int64_t M, float* y, int threads) {
+  const Ops* ops = static_cast<const Ops*>(ops_);
+  if (ops == nullptr) return fail("no kernels");
+  if (check_weight(w) != 0) return -1;
+  if (M < 0 || M > s2s::kBlockedMaxRows)
+    return fail("%lld input rows (at most %lld)", (long long)M, (long long)s2s::kBlockedMaxRows);
+  if (M == 0) return 0;
+  if (M <= s2s::kMaxRows)
+    ops->stream(*w, x, M, y, threads);
+  else
+    ops->blocked(*w, x, M, y, threads);
+  return 0;
+}
+
+// Rows [n0, n1) of the weight as float32 into dst [n1 - n0, K].
+S2S_API int s2s_widen(const void* ops_, const Weight* w, int64_t n0, int64_t n1, float* dst, int threads) {
+  const Ops* ops = static_cast<const Ops*>(ops_);
+  if (ops == nullptr) return fail("no kernels");
+  if (check_weight(w) != 0) return -1;
+  if (n0 < 0 || n1 > w->n || n0 > n1) return fail("rows %lld..%lld of %lld", (long long)n0, (long long)n1, (long long)w->n);
+  ops->widen(*w, n0, n1, dst, threads);
+  return 0;
+}
+
+S2S_API int s2s_snake(const void* ops_, const float* x, int64_t B, int64_t C, int64_t T, const float* alpha,
+                      const float* inv_beta, float* y, int threads) {
+  const Ops* ops = static_cast<const Ops*>(ops_);
+  if (ops == nullptr) return fail("no kernels");
+  if (B < 0 || C < 0 || T < 0) return fail("x must be [batch, channels, time]");
+  ops->snake(x, B, C, T, alpha, inv_beta, y, threads);
+  return 0;
+}
+
+// Packing a float32 weight [N, K] into the integer formats at load time, in one pass over it (the
+// same arithmetic as native/__init__.py's _pack_reference, which the tests compare with):
+//   int8: scale = max(amax|row| / 127, 1e-12), q = clamp(round(w / scale), -127, 127);
+//   int4: per group of G, scale = max((max - min) / 15, 1e-12), q = clamp(round((w - min) / scale), 0, 15);
+// rounding half to even, as torch.round; rows written pair-interleaved (pair_offset). The layout
+// is native.PACK_LAYOUT: prepared weights are files of it.
+S2S_API int s2s_pack(int fmt, const float* src, int64_t N, int64_t K, int64_t group, void* out, float* sp, float* mp,
+                     int threads) {
+  if (fmt != s2s::kI8 && fmt != s2s::kI4) return fail("pack makes the integer formats (%d, %d)", s2s::kI8, s2s::kI4);
+  if (K % 32 != 0) return fail("in_features must be a multiple of 32, got %lld", (long long)K);
+  const int64_t blocks = K / 32;
+  if (fmt == s2s::kI8) {
+    int8_t* qp = static_cast<int8_t*>(out);
+    s2s::parallel_for(0, N, 16, threads, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* row = src + n * K;
+        float amax = 0.f;
+        for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::abs(row[k]));
+        const float s = std::max(amax / 127.f, 1e-12f);
+        sp[n] = s;
+        for (int64_t b = 0; b < blocks; ++b) {
+          int8_t* dst = qp + s2s::pair_offset(n, N, blocks, b, 32);
+          for (int i = 0; i < 32; ++i)
+            dst[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(row[b * 32 + i] / s))));
+        }
+      }
+    });
+    return 0;
+  }
+  if (group < 32 || group % 32 != 0 || K % group != 0)
+    return fail("group size must be a multiple of 32 dividing %lld, got %lld", (long long)K, (long long)group);
+  const int64_t groups = K / group;
+  uint8_t* qp = static_cast<uint8_t*>(out);
+  s2s::parallel_for(0, N, 16, threads, [&](int64_t n0, int64_t n1) {
+    std::vector<uint8_t> codes(group);
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* v = src + n * K + g * group;
+        float lo = v[0], hi = v[0];
+        for (int64_t i = 1; i < group; ++i) {
+          lo = std::min(lo, v[i]);
+          hi = std::max(hi, v[i]);
+        }
+        const float s = std::max((hi - lo) / 15.f, 1e-12f);
+        const int64_t gi = s2s::pair_offset(n, N, groups, g, 1);
+        sp[gi] = s;
+        mp[gi] = lo;
+        for (int64_t i = 0; i < group; ++i)
+          codes[i] = static_cast<uint8_t>(std::min(15.f, std::max(0.f, std::nearbyint((v[i] - lo) / s))));
+        for (int64_t j = 0; j < group / 32; ++j) {
+          uint8_t* dst = qp + s2s::pair_offset(n, N, blocks, g * (group / 32) + j, 16);
+          const uint8_t* c = codes.data() + j * 32;
+          for (int i = 0; i < 16; ++i) dst[i] = static_cast<uint8_t>(c[i] | (c[i + 16] << 4));
+        }
+      }
+    }
+  });
+  return 0;
+}
+
+// A whole decoder stack over the given layers' weights (which Python keeps alive as long as the
+// stack): an opaque handle for s2s_stack_run, NULL (and the reason) when the shapes do not fit.
+S2S_API void* s2s_stack_new(const void* ops_, const s2s::Layer* layers, int64_t count, const float* norm,
+                            int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter,
+                            float eps) {
+  const Ops* ops = static_cast<const Ops*>(ops_);
+  if (ops == nullptr) return fail("no kernels"), nullptr;
+  if (count < 1 || norm == nullptr) return fail("a stack needs layers and a final norm"), nullptr;
+  if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0) return fail("heads must be a multiple of kv_heads"), nullptr;
+  if (head_dim < 8 || head_dim % 8 != 0) return fail("head_dim must be a multiple of 8"), nullptr;
+  const int64_t nq = heads * head_dim, nkv = kv_heads * head_dim;
+  for (int64_t i = 0; i < count; ++i) {
+    const s2s::Layer& l = layers[i];
+    for (const Weight* w : {&l.qkv, &l.o, &l.gate_up, &l.down})
+      if (check_weight(w) != 0) return nullptr;
+    if (l.qkv.k != hidden || l.qkv.n != nq + 2 * nkv) return fail("layer %lld: qkv shape", (long long)i), nullptr;
+    if (l.o.k != nq || l.o.n != hidden) return fail("layer %lld: o shape", (long long)i), nullptr;
+    if (l.gate_up.k != hidden || l.gate_up.n != 2 * inter) return fail("layer %lld: gate_up shape", (long long)i), nullptr;
+    if (l.down.k != inter || l.down.n != hidden) return fail("layer %lld: down shape", (long long)i), nullptr;
+    if (!l.ln1 || !l.ln2 || !l.qn || !l.kn) return fail("layer %lld: norm weights missing", (long long)i), nullptr;
+  }
+  auto* stack = new (std::nothrow) Stack{ops, {count, hidden, heads, kv_heads, head_dim, inter, eps},
+                                         std::vector<s2s::Layer>(layers, layers + count), norm};
+  if (stack == nullptr) return fail("out of memory"), nullptr;
+  return stack;
+}
+
+S2S_API void s2s_stack_free(void* stack) { delete static_cast<Stack*>(stack); }
+
+// T rows of several sequences: row r at rows[r].pos of its own cache (s2s::Row), x [T, hidden],
+// cos/sin [T, head_dim], out [T, hidden].
+S2S_API int s2s_stack_run_rows(const void* stack_, const float* x, int64_t T, const s2s::Row* rows, const float* cos,
+                               const float* sin, float* out, int threads) {
+  const Stack* stack = static_cast<const Stack*>(stack_);
+  if (stack == nullptr) return fail("no stack");
+  if (T < 1 || T > s2s::kMaxRows) return fail("x must be float32 [1, T <= %lld, hidden]", (long long)s2s::kMaxRows);
+  for (int64_t r = 0; r < T; ++r)
+    if (rows[r].pos < 0 || rows[r].pos >= rows[r].max_len)
+      return fail("row %lld: position %lld outside its KV cache (%lld)", (long long)r, (long long)rows[r].pos,
+                  (long long)rows[r].max_len);
+  stack->ops->stack(stack->shape, stack->layers.data(), stack->norm, x, rows, T, cos, sin, out, threads);
+  return 0;
+}
+
+// T positions start..start+T-1 of one sequence (causal within the block), its cache k/v [layers,
+// 1, kv_heads, max_len, head_dim].
+S2S_API int s2s_stack_run(const void* stack_, const float* x, int64_t T, float* k, float* v, int64_t max_len,
+                          int64_t start, const float* cos, const float* sin, float* out, int threads) {
+  if (T < 1 || T > s2s::kMaxRows) return fail("x must be float32 [1, T <= %lld, hidden]", (long long)s2s::kMaxRows);
+  if (start < 0 || start + T > max_len)
+    return fail("positions %lld..%lld outside the KV cache (%lld)", (long long)start, (long long)(start + T - 1),
+                (long long)max_len);
+  s2s::Row rows[s2s::kMaxRows];
+  for (int64_t r = 0; r < T; ++r) rows[r] = {k, v, max_len, start + r};
+  return s2s_stack_run_rows(stack_, x, T, rows, cos, sin, out, threads);
+}
