@@ -128,6 +128,8 @@ class TtsConfig(Section):
     """Codec frames (80 ms each) per streamed chunk."""
     max_text_chars: int = Field(2000, ge=1, le=100_000)
     """The longest text a request may have (a streamed one: all its pieces together)."""
+    max_instruct_chars: int = Field(1000, ge=1, le=100_000)
+    """The longest ``instruct`` a request may have (the engine reads it with every sentence)."""
     stream_idle_s: float = Field(20.0, gt=0, le=3600)
     """A streamed text (``tts/stream``) with no piece for this long and no end is ended: what
     came is spoken, and it finishes ``error`` with ``stream_idle``."""

@@ -257,11 +257,16 @@ async def test_errors_are_openai_error_json(tmp_path: Path, mosquitto: Mosquitto
         ("POST", speech, json.dumps({**good, "response_format": "aac"}).encode(), 400, "unsupported_response_format",
          "response_format"),
         ("POST", speech, json.dumps({**good, "speed": 5}).encode(), 400, "bad_payload", "speed"),
+        ("POST", speech, json.dumps({**good, "instructions": "z" * 101}).encode(), 400, "text_too_long",
+         "instructions"),
+        ("POST", speech, json.dumps({**good, "voice": "v" * 201}).encode(), 400, "bad_payload", "voice"),
+        ("POST", speech, json.dumps({**good, "voice": {"id": "v" * 201}}).encode(), 400, "bad_payload", "voice"),
+        ("POST", speech, json.dumps({**good, "language": "l" * 201}).encode(), 400, "bad_payload", "language"),
         ("POST", speech, json.dumps({**good, "input": "x" * 5000}).encode(), 413, "request_too_large", None),
         ("GET", speech, None, 405, "method_not_allowed", None),
         ("GET", "/v1/nothing-here", None, 404, "not_found", None),
     ]  # fmt: skip
-    limits = {"tts": {"max_text_chars": 50}, "http": {"max_body_bytes": 4096}}
+    limits = {"tts": {"max_text_chars": 50, "max_instruct_chars": 100}, "http": {"max_body_bytes": 4096}}
     async with speech_api(tmp_path, mosquitto, **limits) as api, aiohttp.ClientSession(api.base_url) as http:
         auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
         for method, path, body, status, code, param in cases:
