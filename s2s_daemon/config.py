@@ -280,6 +280,16 @@ class WyomingConfig(Section):
     """Wyoming's conventional TTS port."""
     zeroconf: bool = True
     """Advertise ``_wyoming._tcp.local.`` (as ``s2s-<site_id>``) so Home Assistant discovers it; not on loopback."""
+    max_connections: int = Field(32, ge=1, le=10_000)
+    """Connections open at once; one more is answered an ``error`` event and closed at accept."""
+    idle_timeout_s: float = Field(60.0, gt=0, le=86_400)
+    """A connection with nothing in flight (no request of its own being synthesized or sent) and no
+    event for this long is closed."""
+    event_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """An event must be read whole (header line, data, payload) within this of its first byte."""
+    max_event_bytes: int = Field(262_144, ge=4096, le=16 * 1_048_576)
+    """The longest event (header line, data and payload together); a longer one is refused with an
+    ``error`` event before its body is read, and the connection closed."""
 
 
 class DaemonConfig(Section):
