@@ -256,6 +256,14 @@ class HttpConfig(Section):
     """File holding the bearer token clients must send (``Authorization: Bearer ...``); none: open."""
     max_body_bytes: int = Field(1_048_576, ge=1024, le=64 * 1_048_576)
     """Larger request bodies are refused (413)."""
+    max_connections: int = Field(100, ge=1, le=10_000)
+    """Connections open at once; one more is answered 503 ``too_many_connections`` and closed at accept."""
+    header_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """A connection's first request head must be complete within this, else it is closed."""
+    body_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """A request's body must be complete within this of its head, else 408 and the connection closed."""
+    idle_timeout_s: float = Field(60.0, gt=0, le=86_400)
+    """A kept-alive connection waiting this long for its next request is closed."""
 
 
 class MonitorConfig(Section):
@@ -268,6 +276,12 @@ class MonitorConfig(Section):
     """Loopback by default; ``0.0.0.0`` for a probe or a scraper on another host (a kubelet, Prometheus)."""
     port: int = Field(5051, ge=1, le=65535)
     """Beside the speech API's 5050."""
+    max_connections: int = Field(16, ge=1, le=10_000)
+    """Connections open at once; one more is answered 503 ``too_many_connections`` and closed at accept."""
+    header_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """A connection's first request head must be complete within this, else it is closed."""
+    idle_timeout_s: float = Field(60.0, gt=0, le=86_400)
+    """A kept-alive connection waiting this long for its next request is closed."""
 
 
 class WyomingConfig(Section):

@@ -39,6 +39,7 @@ from s2s_daemon.intake.http.api import (
     with_openai_names,
 )
 from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, WavEncoder, encoder_factory
+from s2s_daemon.intake.http.guard import ConnectionGuard, ListenerLimits
 from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.http.monitor import MonitorRoutes
 from s2s_daemon.intake.http.web import WebPage
@@ -145,6 +146,12 @@ class HttpSpeechServer:
         self._runner: web.AppRunner | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._created = int(time.time())
+        self.guard = ConnectionGuard(
+            ListenerLimits(
+                "http", config.max_connections, config.header_timeout_s, config.idle_timeout_s, config.body_timeout_s
+            )
+        )
+        """The listener's connection cap and read deadlines."""
 
     # -- what it serves with -------------------------------------------------------------
 
@@ -195,7 +202,8 @@ class HttpSpeechServer:
         return key
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._middleware()])
+        middlewares = [self.guard.middleware(), self._middleware()]
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=middlewares)
         app.router.add_post("/v1/audio/speech", self._speech)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model:.+}", self._model)
@@ -213,10 +221,11 @@ class HttpSpeechServer:
             access_log=None,  # one structured event per speech response instead
             handler_cancellation=True,  # a client that goes away cancels its handler: synthesis stops
             shutdown_timeout=CLOSE_TIMEOUT_S,
+            **self.guard.runner_options(),
         )
         await runner.setup()
         try:
-            await web.TCPSite(runner, cfg.host, cfg.port).start()
+            await self.guard.site(runner, cfg.host, cfg.port).start()
         except OSError as exc:
             await runner.cleanup()
             raise UnavailableError(f"http: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}") from exc
