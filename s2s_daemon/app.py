@@ -35,6 +35,10 @@ log = structlog.get_logger(__name__)
 CLOSE_TIMEOUT_S = 5.0
 MEMORY_MIN_INTERVAL_S = 0.25
 """Per-utterance memory events are at most this often (a burst of short utterances shares one)."""
+ACCEPT_FAILED_LOG_S = 1.0
+"""A listener that cannot accept (no file descriptor left) is logged at most this often: asyncio
+reports it once per connection waiting, with a traceback, each time it retries."""
+ACCEPT_FAILED = "socket.accept() out of system resource"
 
 
 class Daemon:
@@ -55,6 +59,9 @@ class Daemon:
         """``/metrics``: a registry of this daemon's own."""
         self._parts: DaemonParts | None = None
         """What ``build_daemon`` built, once the daemon serves (the engine's wedge stops it)."""
+        self._accept_failed = 0
+        """Failed accepts since the last ``accept_failed`` line."""
+        self._accept_failed_logged_at = -ACCEPT_FAILED_LOG_S
 
     # -- signals -----------------------------------------------------------------------
 
@@ -74,11 +81,27 @@ class Daemon:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         loop.add_signal_handler(signal.SIGINT, self._on_sigint)
+        loop.set_exception_handler(self._loop_exception)
 
     def _remove_signals(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        loop.set_exception_handler(None)
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """asyncio's errors as its default handler logs them, but a listener out of file
+        descriptors (EMFILE) once a second with a count: asyncio logs it with a traceback for
+        every connection waiting, each time it retries, thousands of lines a second."""
+        if context.get("message") != ACCEPT_FAILED:
+            loop.default_exception_handler(context)
+            return
+        self._accept_failed += 1
+        now = loop.time()
+        if now - self._accept_failed_logged_at >= ACCEPT_FAILED_LOG_S:
+            error = context.get("exception")
+            log.warning("accept_failed", error=str(error), times=self._accept_failed, retry_s=1)
+            self._accept_failed, self._accept_failed_logged_at = 0, now
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -292,6 +315,7 @@ class Daemon:
         at once), then every ``telemetry.memory_interval_s`` and after utterances."""
         interval = self.config.telemetry.memory_interval_s
         self._memory_now.set()
+        failing = False
         while True:
             # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation.
             with contextlib.suppress(TimeoutError):
@@ -299,7 +323,16 @@ class Daemon:
                     await self._memory_now.wait()
             self._memory_now.clear()
             device = await worker.memory()
-            payload = memory_payload(self.config.site_id, now_ms(), device)
+            try:
+                payload = memory_payload(self.config.site_id, now_ms(), device)
+            except OSError as exc:  # /proc unreadable: at the open-file limit (EMFILE), for one
+                if not failing:
+                    log.warning("memory_sample_failed", error=str(exc), consequence="no memory event until it reads")
+                failing = True
+                continue
+            if failing:
+                log.info("memory_sample_recovered")
+                failing = False
             events.memory(payload)
             self.metrics.memory(payload)
             # Utterances that end in a burst share one event: the next one waits out the

@@ -133,6 +133,8 @@ class TtsConfig(Section):
     """Codec frames (80 ms each) per streamed chunk."""
     max_text_chars: int = Field(2000, ge=1, le=100_000)
     """The longest text a request may have (a streamed one: all its pieces together)."""
+    max_instruct_chars: int = Field(1000, ge=1, le=100_000)
+    """The longest ``instruct`` a request may have (the engine reads it with every sentence)."""
     stream_idle_s: float = Field(20.0, gt=0, le=3600)
     """A streamed text (``tts/stream``) with no piece for this long and no end is ended: what
     came is spoken, and it finishes ``error`` with ``stream_idle``."""
@@ -265,6 +267,15 @@ class HttpConfig(Section):
     write_timeout_s: float = Field(10.0, gt=0, le=600)
     """A caller that takes no bytes of its answer for this long is cut (its request ends ``interrupted``)."""
 
+    max_connections: int = Field(100, ge=1, le=10_000)
+    """Connections open at once; one more is answered 503 ``too_many_connections`` and closed at accept."""
+    header_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """A connection's first request head must be complete within this, else it is closed."""
+    body_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """A request's body must be complete within this of its head, else 408 and the connection closed."""
+    idle_timeout_s: float = Field(60.0, gt=0, le=86_400)
+    """A kept-alive connection waiting this long for its next request is closed."""
+
     @field_validator("allowed_hosts")
     @classmethod
     def _plain_host_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -285,6 +296,12 @@ class MonitorConfig(Section):
     """Loopback by default; ``0.0.0.0`` for a probe or a scraper on another host (a kubelet, Prometheus)."""
     port: int = Field(5051, ge=1, le=65535)
     """Beside the speech API's 5050."""
+    max_connections: int = Field(16, ge=1, le=10_000)
+    """Connections open at once; one more is answered 503 ``too_many_connections`` and closed at accept."""
+    header_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """A connection's first request head must be complete within this, else it is closed."""
+    idle_timeout_s: float = Field(60.0, gt=0, le=86_400)
+    """A kept-alive connection waiting this long for its next request is closed."""
 
 
 class WyomingConfig(Section):
@@ -297,6 +314,16 @@ class WyomingConfig(Section):
     """Wyoming's conventional TTS port."""
     zeroconf: bool = True
     """Advertise ``_wyoming._tcp.local.`` (as ``s2s-<site_id>``) so Home Assistant discovers it; not on loopback."""
+    max_connections: int = Field(32, ge=1, le=10_000)
+    """Connections open at once; one more is answered an ``error`` event and closed at accept."""
+    idle_timeout_s: float = Field(60.0, gt=0, le=86_400)
+    """A connection with nothing in flight (no request of its own being synthesized or sent) and no
+    event for this long is closed."""
+    event_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """An event must be read whole (header line, data, payload) within this of its first byte."""
+    max_event_bytes: int = Field(262_144, ge=4096, le=16 * 1_048_576)
+    """The longest event (header line, data and payload together); a longer one is refused with an
+    ``error`` event before its body is read, and the connection closed."""
 
 
 EmojiMode = Literal["drop", "name", "keep"]

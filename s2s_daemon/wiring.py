@@ -197,6 +197,7 @@ def build_rules(
     return IntakeRules(
         site_id=config.site_id,
         max_text_chars=config.tts.max_text_chars,
+        max_instruct_chars=config.tts.max_instruct_chars,
         voices=info.voices,
         languages=info.languages,
         default_voice=voice,

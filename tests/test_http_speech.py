@@ -318,11 +318,16 @@ async def test_errors_are_openai_error_json(tmp_path: Path, mosquitto: Mosquitto
         ("POST", speech, json.dumps({**good, "response_format": "aac"}).encode(), 400, "unsupported_response_format",
          "response_format"),
         ("POST", speech, json.dumps({**good, "speed": 5}).encode(), 400, "bad_payload", "speed"),
+        ("POST", speech, json.dumps({**good, "instructions": "z" * 101}).encode(), 400, "text_too_long",
+         "instructions"),
+        ("POST", speech, json.dumps({**good, "voice": "v" * 201}).encode(), 400, "bad_payload", "voice"),
+        ("POST", speech, json.dumps({**good, "voice": {"id": "v" * 201}}).encode(), 400, "bad_payload", "voice"),
+        ("POST", speech, json.dumps({**good, "language": "l" * 201}).encode(), 400, "bad_payload", "language"),
         ("POST", speech, json.dumps({**good, "input": "x" * 5000}).encode(), 413, "request_too_large", None),
         ("GET", speech, None, 405, "method_not_allowed", None),
         ("GET", "/v1/nothing-here", None, 404, "not_found", None),
     ]  # fmt: skip
-    limits = {"tts": {"max_text_chars": 50}, "http": {"max_body_bytes": 4096}}
+    limits = {"tts": {"max_text_chars": 50, "max_instruct_chars": 100}, "http": {"max_body_bytes": 4096}}
     async with speech_api(tmp_path, mosquitto, **limits) as api, aiohttp.ClientSession(api.base_url) as http:
         auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
         for method, path, body, status, code, param in cases:
@@ -385,6 +390,61 @@ async def test_models_voices_health_and_the_drain(tmp_path: Path, mosquitto: Mos
                             assert body["not_ready"] == ["accepting"] and "draining" in body["reason"]
                     data += piece
     assert len(data) == 2 * tone_samples(text)
+
+
+async def read_until_closed(port: int, data: bytes, timeout_s: float = 10.0) -> tuple[bytes, float]:
+    """Send ``data`` (no more) and read until the server closes: what it sent, and after how long."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        if data:
+            writer.write(data)
+        began, answer = time.monotonic(), b""
+        async with asyncio.timeout(timeout_s):
+            with contextlib.suppress(ConnectionError):
+                while chunk := await reader.read(65536):
+                    answer += chunk
+        return answer, time.monotonic() - began
+    finally:
+        writer.close()
+
+
+async def test_slow_heads_and_bodies_are_cut_and_excess_connections_refused(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """Idle and slow connections were never timed out nor capped (each a file descriptor until the
+    process had none left). Now a late request head closes its connection, a late body is 408, and
+    past ``max_connections`` a connection is answered 503 and closed at accept, on the speech API's
+    listener and on the monitor's."""
+    monitor = free_port()
+    limits = {"max_connections": 3, "header_timeout_s": 0.5, "body_timeout_s": 0.5}
+    sections = {"http": limits, "monitor": {"enabled": True, "port": monitor, "max_connections": 2}}
+    async with speech_api(tmp_path, mosquitto, api_key=None, **sections) as api:
+        answer, after_s = await read_until_closed(api.port, b"POST /v1/audio/speech HTTP/1.1\r\nHost: localhost")
+        assert answer == b"" and after_s < 5
+        head = b"POST /v1/audio/speech HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        answer, _ = await read_until_closed(api.port, head + b'Content-Length: 100\r\n\r\n{"input": ', 20)
+        assert answer.startswith(b"HTTP/1.1 408 ") and b'"code": "request_timeout"' in answer, answer
+        assert b"http.body_timeout_s" in answer
+        for port, cap, key in ((api.port, 3, b"http.max_connections"), (monitor, 2, b"monitor.max_connections")):
+            held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(cap)]
+            try:
+                answer, after_s = await read_until_closed(port, b"")
+                assert answer.startswith(b"HTTP/1.1 503 ") and b"too_many_connections" in answer, answer
+                assert key in answer and after_s < 5
+            finally:
+                for _, writer in held:
+                    writer.close()
+        async with aiohttp.ClientSession(api.base_url) as http:  # their places free up as they close
+            async with asyncio.timeout(10):
+                while True:
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with http.post(
+                            "/v1/audio/speech", json={"input": "Hello.", "response_format": "wav"}
+                        ) as r:
+                            if r.status == 200:
+                                assert (await r.read())[:4] == b"RIFF"
+                                break
+                    await asyncio.sleep(0.05)
 
 
 async def test_draining_refuses_new_speech_with_503(tmp_path: Path, mosquitto: Mosquitto) -> None:

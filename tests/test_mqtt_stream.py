@@ -14,6 +14,7 @@ from typing import Any
 import paho.mqtt.client as paho
 import pytest
 
+from s2s_daemon.intake.streams import MAX_EARLY_STREAMS
 from tests.support.broker import Mosquitto
 from tests.support.daemon import DaemonProcess, daemon_in_process, write_config
 from tests.support.mqtt import Recorder, recorder
@@ -150,6 +151,36 @@ async def test_bad_pieces_are_answered_with_a_code(tmp_path: Path, mosquitto: Mo
         assert fin["open"]["status"] == "error" and fin["open"]["error"]["code"] == "bad_payload"
         assert fin["open"]["audioMs"] == pytest.approx(spoken_ms(["你好。", "我"]), abs=1)
         assert sum(1 for p in fin.values() if p["error"]["code"] == "bad_payload") == 3
+
+
+async def test_pieces_before_piece_0_count_against_the_limit_and_few_streams_wait(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """Pieces that wait for piece 0 were held uncounted, for any number of ids: now they count
+    against ``tts.max_text_chars`` as they come (the stream is rejected at once past it), and at
+    most ``MAX_EARLY_STREAMS`` ids wait; the daemon serves on."""
+    config = cfg(tmp_path, mosquitto, tts={"max_text_chars": 100, "stream_idle_s": 30})
+    async with recorder(mosquitto.port) as rec, daemon_in_process(config):
+        await online(rec)
+        for seq in range(1, 4):
+            await piece(rec, "big", seq, "Ab. " * 10)  # 120 characters wait after the third
+        await piece(rec, "big", 0, "Hello.")  # answered already: changes nothing
+        fin = await rec.wait_finished(["big"], timeout_s=5)
+        assert fin["big"]["status"] == "rejected" and fin["big"]["error"]["code"] == "text_too_long"
+        assert "grew past 100 characters at piece 3" in fin["big"]["error"]["message"]
+        waiting = [f"w{i}" for i in range(MAX_EARLY_STREAMS)]
+        for rid in waiting:
+            await piece(rec, rid, 1, "x")
+        await piece(rec, "one-too-many", 1, "x")
+        fin = await rec.wait_finished(["one-too-many"], timeout_s=10)
+        assert fin["one-too-many"]["status"] == "rejected" and fin["one-too-many"]["error"]["code"] == "bad_payload"
+        assert f"at most {MAX_EARLY_STREAMS}" in fin["one-too-many"]["error"]["message"]
+        assert set(rec.finished()) == {"big", "one-too-many"}  # those waiting still wait
+        await piece(rec, "w0", 0, "Hi there.", end=False)
+        await piece(rec, "w0", 2, "", end=True)
+        await rec.say(SAY, {"id": "after", "text": "Still here."})
+        fin = await rec.wait_finished(["w0", "after"], timeout_s=10)
+        assert fin["w0"]["status"] == "completed" and fin["after"]["status"] == "completed"
 
 
 async def test_a_stream_open_at_shutdown_speaks_what_came(tmp_path: Path, mosquitto: Mosquitto) -> None:

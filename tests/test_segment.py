@@ -80,3 +80,29 @@ def test_an_over_long_sentence_is_cut_at_a_clause_mark_or_a_space() -> None:
 def test_punctuation_alone_joins_a_sentence() -> None:
     assert whole("... Hello. ") == ["... Hello."]
     assert whole("Hello. !!") == ["Hello. !!"]
+
+
+@pytest.mark.timeout(30)
+def test_a_long_text_of_short_sentences_splits_in_linear_time() -> None:
+    """Every full stop once read the rest of the text again (a copy of it): 2 MiB of ``Ab. ``
+    took minutes, with the event loop blocked, where a linear pass takes a second or two."""
+    text = "Ab. " * (2 * 1024 * 1024 // 4)
+    sentences, rest = split_sentences(text, 2000)
+    assert len(sentences) == len(text) // 4 and set(sentences) == {"Ab."} and rest.strip() == ""
+
+
+@pytest.mark.timeout(30)
+def test_a_long_first_sentence_of_empty_clauses_finds_its_first_clause_in_linear_time() -> None:
+    """The first clause was measured from the start of the text at every clause mark."""
+    text = ", " * (1024 * 1024) + "and then some words, the rest of it. Next"
+    sentences, rest = split_sentences(text, 300, first=True)
+    assert sentences[0].endswith(", and then some words,") and sentences[1:] == ["the rest of it."]
+    assert rest == " Next"
+
+
+@pytest.mark.timeout(30)
+def test_an_over_long_rest_is_cut_into_pieces_under_the_limit() -> None:
+    text = "word " * (400 * 1024)
+    sentences, rest = split_sentences(text, 300)
+    assert all(len(s) <= 300 for s in sentences) and len(rest.strip()) <= 300
+    assert " ".join([*sentences, rest.strip()]).split() == text.split()

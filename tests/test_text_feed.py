@@ -104,6 +104,21 @@ def test_too_long_and_late_pieces() -> None:
     assert (early.chars, early.received_chars, early.received_pieces) == (0, 7, 2)
 
 
+def test_pieces_waiting_for_a_gap_count_against_the_limit_as_they_come() -> None:
+    """Pieces after a missing one were held uncounted: a writer that never sends piece 0 could
+    park any amount of text in one request."""
+    feed = TextFeed(10, 5.0)
+    assert feed.add(1, "123456")
+    assert feed.add(2, "7890")  # exactly the limit, still waiting for piece 0
+    assert feed.end is None and feed.received_chars == 10
+    assert feed.add(3, "x")
+    assert feed.end is FeedEnd.TOO_LONG and "10 characters at piece 3" in feed.end_detail
+    assert feed.received_chars == 0  # what waited is let go
+    huge = TextFeed(2000, 5.0)
+    huge.add(5, "Ab. " * 1_000_000)
+    assert huge.end is FeedEnd.TOO_LONG and huge.received_chars == 0
+
+
 # -- the TTS stage with a streamed text ------------------------------------------------------
 
 

@@ -22,14 +22,14 @@ import pytest
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
-from wyoming.event import Event
+from wyoming.event import Event, async_read_event
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
 
 from s2s_daemon.app import Daemon
 from s2s_daemon.config import load_config
 from s2s_daemon.errors import UnavailableError
-from s2s_daemon.intake.wyoming import language_codes
+from s2s_daemon.intake.wyoming import event_bytes, language_codes
 from s2s_daemon.pipeline.segment import split_sentences
 from tests.support.broker import Mosquitto, free_port
 from tests.support.daemon import REPO, daemon_in_process, write_config
@@ -271,6 +271,111 @@ async def test_bad_requests_get_an_error_and_the_server_carries_on(tmp_path: Pat
         assert not again.errors and again.groups[0].samples == tone_samples("Hello again.", 40)
         rejected = [p for p in d.rec.payloads("/tts/finished") if p["status"] == "rejected"]
         assert sorted(p["error"]["code"] for p in rejected) == ["empty_text", "text_too_long"]
+
+
+# -- limits: sizes, timeouts, connections ------------------------------------------------------
+
+
+async def raw_events(port: int, data: bytes, timeout_s: float = 5.0) -> tuple[list[Event], float]:
+    """Send ``data`` as it is (no more), read events until the server hangs up: the events and
+    when (seconds after sending) the connection ended."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    events: list[Event] = []
+    try:
+        if data:
+            writer.write(data)
+            await writer.drain()
+        began = time.monotonic()
+        async with asyncio.timeout(timeout_s):
+            while (event := await async_read_event(reader)) is not None:
+                events.append(event)
+        return events, time.monotonic() - began
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+async def test_an_event_longer_than_the_limit_is_refused_before_its_body(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """A 2 MiB chunk held the event loop for over a minute; any event past ``wyoming.max_event_bytes``
+    is now refused from its header, without waiting for (or holding) its body."""
+    async with daemon(tmp_path, mosquitto, wyoming={"max_event_bytes": 65_536}) as d:
+        start = event_bytes(SynthesizeStart().event())
+        header = json.dumps({"type": "synthesize-chunk", "data_length": 4 * 1024 * 1024}).encode() + b"\n"
+        events, _ = await raw_events(d.port, start + header)  # the 4 MiB never follow
+        errors = [Error.from_event(e) for e in events if Error.is_type(e.type)]
+        assert [e.code for e in errors] == ["bad_payload"], events
+        assert "longer than 65536 (wyoming.max_event_bytes)" in (errors[0].text or "")
+        events, _ = await raw_events(d.port, b'{"type": "describe", "pad": "' + b"x" * 70_000 + b'"}\n')
+        assert [Error.from_event(e).code for e in events if Error.is_type(e.type)] == ["bad_payload"]
+        again = await read_answer_of(d.port, Synthesize(text="Still here.").event())
+        assert not again.errors and again.groups and again.groups[0].stopped
+
+
+async def read_answer_of(port: int, *events: Event, streaming: bool = False) -> Answer:
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        for event in events:
+            await client.write_event(event)
+        return await read_answer(client, streaming=streaming, timeout_s=10)
+
+
+async def test_a_streamed_text_past_the_text_limit_ends_with_text_too_long(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """A stream's chunks were added to its buffer without a limit: they count against
+    ``tts.max_text_chars`` together, as an MQTT stream's pieces do."""
+    async with daemon(tmp_path, mosquitto, tts={"max_text_chars": 50}) as d:
+        chunks = [SynthesizeChunk(text="Ab. " * 10).event(), SynthesizeChunk(text="Cd. " * 10).event()]
+        answer = await read_answer_of(d.port, SynthesizeStart().event(), *chunks, streaming=True)
+        assert [e.code for e in answer.errors] == ["text_too_long"], answer.events
+        assert "grew past 50 characters (tts.max_text_chars)" in (answer.errors[0].text or "")
+        assert len(answer.groups) == 10 and all(g.stopped for g in answer.groups)  # the sentences before it
+        long = await read_answer_of(d.port, Synthesize(text="x" * 51).event())
+        assert [e.code for e in long.errors] == ["text_too_long"]
+
+
+async def test_idle_and_half_sent_events_are_closed_but_a_busy_client_is_not(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """Idle connections stayed open for good and a half-sent event held its buffer: now a client
+    with nothing in flight is closed after ``idle_timeout_s``, an event not whole within
+    ``event_timeout_s`` is answered ``bad_payload`` and closed, and a client waiting for its audio
+    is never idle."""
+    wyoming = {"idle_timeout_s": 0.5, "event_timeout_s": 0.5}
+    async with daemon(tmp_path, mosquitto, {"speed": "1", "ms_per_char": "40"}, wyoming=wyoming) as d:
+        events, after_s = await raw_events(d.port, b"")
+        assert events == [] and 0.4 < after_s < 4.0
+        events, _ = await raw_events(d.port, b'{"type": "synth')
+        errors = [Error.from_event(e) for e in events if Error.is_type(e.type)]
+        assert [e.code for e in errors] == ["bad_payload"] and "within 0.5 s" in (errors[0].text or "")
+        # 1.6 s of audio at real time, three idle times: delivered whole
+        answer = await read_answer_of(d.port, Synthesize(text="x" * 40).event())
+        assert not answer.errors and answer.groups[0].stopped
+        assert answer.groups[0].samples == tone_samples("x" * 40, 40)
+
+
+async def test_connections_past_the_cap_are_refused_at_accept(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """Any number of idle connections were kept (each a file descriptor: at the process's limit the
+    daemon died); past ``wyoming.max_connections`` one is answered an error event and closed."""
+    async with daemon(tmp_path, mosquitto, wyoming={"max_connections": 3}) as d:
+        held = [await asyncio.open_connection("127.0.0.1", d.port) for _ in range(3)]
+        try:
+            events, _ = await raw_events(d.port, b"")
+            errors = [Error.from_event(e) for e in events if Error.is_type(e.type)]
+            assert [e.code for e in errors] == ["too_many_connections"], events
+            assert "3 at once (wyoming.max_connections)" in (errors[0].text or "")
+        finally:
+            for _, writer in held:
+                writer.close()
+        # their places free up as they close
+        async with asyncio.timeout(10):
+            while True:
+                with contextlib.suppress(OSError):  # refused while the server has not seen them go
+                    answer = await read_answer_of(d.port, Synthesize(text="Hello.").event())
+                    if not answer.errors:
+                        break
+                await asyncio.sleep(0.05)
+        assert answer.groups[0].stopped
 
 
 async def test_drain_finishes_the_running_synthesis(tmp_path: Path, mosquitto: Mosquitto) -> None:

@@ -19,6 +19,8 @@ from s2s_daemon.pipeline.voices import VoiceLibrary
 MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 """Larger payloads are refused before decoding."""
 MAX_ID_CHARS = 200
+MAX_NAME_CHARS = 200
+"""The longest voice, language, ``sessionId`` or ``siteId`` a request may carry (refused ``bad_payload``)."""
 
 
 def _id_to_str(value: object) -> object:
@@ -28,6 +30,7 @@ def _id_to_str(value: object) -> object:
 
 
 RequestId = Annotated[StrictStr, BeforeValidator(_id_to_str), Field(min_length=1, max_length=MAX_ID_CHARS)]
+Name = Annotated[StrictStr, Field(max_length=MAX_NAME_CHARS)]
 
 
 class SayPayload(BaseModel):
@@ -37,13 +40,14 @@ class SayPayload(BaseModel):
 
     id: RequestId | None = None
     text: StrictStr
-    voice: StrictStr | None = None
-    language: StrictStr | None = None
-    lang: StrictStr | None = None
+    voice: Name | None = None
+    language: Name | None = None
+    lang: Name | None = None
     """Hermes spelling of ``language``."""
     instruct: StrictStr | None = None
-    sessionId: StrictStr | None = None
-    siteId: StrictStr | None = None
+    """At most ``IntakeRules.max_instruct_chars`` (checked with the rules)."""
+    sessionId: Name | None = None
+    siteId: Name | None = None
     priority: StrictInt = Field(0, ge=-1000, le=1000)
     interrupt: StrictBool = False
     ttlMs: StrictInt | None = Field(None, ge=0)
@@ -76,6 +80,8 @@ class IntakeRules:
     no_default: str | None = None
     """Why a request must name its voice (a Base model with no ``tts.voice``: nothing to clone); a
     request that names none is rejected ``unknown_voice`` with it. None: the default applies."""
+    max_instruct_chars: int = 1000
+    """The longest ``instruct`` a request may have (``tts.max_instruct_chars``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +126,7 @@ def _peek_fields(data: object) -> tuple[str | None, str | None]:
     rid = data.get("id")
     sid = data.get("sessionId")
     rid_s = str(rid)[:MAX_ID_CHARS] if isinstance(rid, str | int) and not isinstance(rid, bool) and str(rid) else None
-    return rid_s, sid if isinstance(sid, str) else None
+    return rid_s, sid if isinstance(sid, str) and len(sid) <= MAX_NAME_CHARS else None
 
 
 def _describe(exc: ValidationError) -> str:
@@ -153,12 +159,20 @@ def decode_json_object(payload: bytes) -> tuple[dict[str, Any] | None, str | Non
 class _Refused(Exception):
     """Why a payload becomes a rejection; the id and session when they could be read."""
 
-    def __init__(self, code: ErrorCode, message: str, rid: str | None = None, session: str | None = None) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        rid: str | None = None,
+        session: str | None = None,
+        field: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.rid = rid
         self.session = session
+        self.field = field
 
 
 def _read_payload(payload: bytes) -> SayPayload:
@@ -224,7 +238,12 @@ def _request(
     received: float,
     feed: TextFeed | None = None,
 ) -> SayRequest:
-    """The request ``say`` asks for, its voice and language checked; ``_Refused`` when one is bad."""
+    """The request ``say`` asks for, its voice, language and instruction checked; ``_Refused`` when one is bad."""
+    instruct = say.instruct.strip() if say.instruct and say.instruct.strip() else None
+    if instruct is not None and len(instruct) > rules.max_instruct_chars:
+        limit = rules.max_instruct_chars
+        message = f"instruct has {len(instruct)} characters; the limit is {limit} (tts.max_instruct_chars)"
+        raise _Refused(ErrorCode.TEXT_TOO_LONG, message, rid, say.sessionId, field="instruct")
     try:
         language = normalize_language(say.language or say.lang or rules.default_language, rules.languages)
         voice = resolve_voice(say.voice, rules)
@@ -236,7 +255,7 @@ def _request(
         voice=voice,
         language=language,
         site_id=rules.site_id,
-        instruct=say.instruct.strip() if say.instruct and say.instruct.strip() else None,
+        instruct=instruct,
         session_id=say.sessionId,
         priority=say.priority,
         interrupt=say.interrupt,
@@ -261,7 +280,7 @@ def _rejection(refused: _Refused, rules: IntakeRules, origin: str, reply_to: Rep
         origin=origin,
         reply_to=reply_to,
     )
-    return Parsed(request, RequestError(refused.code, refused.message))
+    return Parsed(request, RequestError(refused.code, refused.message, refused.field))
 
 
 # -- streamed text -------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Piece 0 opens the request (one id, one ``tts/started``, one ``tts/finished`` for
 stream) and carries the say fields; it enters the queue like a say, so priority, interrupt,
 ttl and stop apply to it. Later pieces go to its ``TextFeed`` by sequence number, so a QoS 1
 redelivery or a piece that overtakes another is harmless. Pieces that come before piece 0 wait
-for it at most ``stream_idle_s``; a stream that never opens is answered ``rejected``.
+for it at most ``stream_idle_s``; a stream that never opens is answered ``rejected``. They count
+against ``max_text_chars`` as they come, and at most ``MAX_EARLY_STREAMS`` streams wait so.
 
 A piece of a stream that has been answered (stopped, ended, rejected) changes nothing and gets
 no second answer. A malformed piece of an open stream ends it: what came before is spoken and
@@ -30,6 +31,10 @@ log = structlog.get_logger(__name__)
 
 ANSWERED_WINDOW = 4096
 """Ids of answered streams remembered, so their late or redelivered pieces stay quiet."""
+MAX_EARLY_STREAMS = 64
+"""Streams whose later pieces wait for their piece 0; a new one past it is rejected at once (each
+holds at most ``tts.max_text_chars``)."""
+_EARLY_END_CODES = {FeedEnd.TOO_LONG: ErrorCode.TEXT_TOO_LONG, FeedEnd.BAD_PIECE: ErrorCode.BAD_PAYLOAD}
 
 
 @dataclass(slots=True)
@@ -80,7 +85,7 @@ class StreamIntake:
             log.debug("stream_piece_ignored", request_id=rid, seq=piece.seq, why="its id was answered")
             return
         if piece.seq > 0:
-            self._hold(rid, piece.seq, piece.text, piece.last, piece.received_at)
+            self._hold(rid, piece.seq, piece.text, piece.last, piece.received_at, message)
             return
         opening = piece.opening
         assert opening is not None
@@ -114,11 +119,27 @@ class StreamIntake:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _hold(self, rid: str, seq: int, text: str, last: bool, at: float) -> None:
+    def _hold(self, rid: str, seq: int, text: str, last: bool, at: float, message: InMessage) -> None:
         early = self._early.get(rid)
         if early is None:
+            if len(self._early) >= MAX_EARLY_STREAMS:
+                why = f"{len(self._early)} streams already wait for their piece 0 (at most {MAX_EARLY_STREAMS})"
+                log.warning("stream_rejected", request_id=rid, reason=why)
+                self._reject(
+                    rid,
+                    ErrorCode.BAD_PAYLOAD,
+                    f"piece {seq} of stream {rid!r} came before its piece 0 and {why}",
+                    message,
+                )
+                return
             early = self._early[rid] = _Early(TextFeed(self.rules.max_text_chars, self.rules.stream_idle_s, now=at))
         early.feed.add(seq, text, last=last, now=at)
+        if (end := early.feed.end) is not None:  # too long, or too many pieces before a gap: answered now
+            self._pop_early(rid)
+            log.warning("stream_rejected", request_id=rid, reason=early.feed.end_detail)
+            message_text = f"stream {rid!r} before its piece 0: {early.feed.end_detail}"
+            self._reject(rid, _EARLY_END_CODES.get(end, ErrorCode.BAD_PAYLOAD), message_text, message)
+            return
         if early.timer is not None:
             early.timer.cancel()
         loop = asyncio.get_running_loop()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import ipaddress
 import json
 import socket
@@ -34,7 +35,7 @@ from typing import Any
 
 import structlog
 from wyoming.error import Error
-from wyoming.event import Event, async_write_event
+from wyoming.event import Event, async_write_event, write_event
 from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
 from wyoming.ping import Ping, Pong
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
@@ -48,7 +49,7 @@ with warnings.catch_warnings():
 from s2s_daemon import __version__
 from s2s_daemon.config import WyomingConfig
 from s2s_daemon.errors import UnavailableError
-from s2s_daemon.intake.schemas import MAX_PAYLOAD_BYTES, IntakeRules, parse_say, resolve_voice
+from s2s_daemon.intake.schemas import MAX_NAME_CHARS, IntakeRules, Parsed, parse_say, resolve_voice
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.messages import ErrorCode, Status
@@ -72,8 +73,10 @@ SPEECH_AHEAD = 2
 """A client's requests submitted and not yet written: the one streaming and the next, synthesizing."""
 PENDING_ITEMS = 256
 """Texts and replies a client may have waiting before its reader waits (back-pressure on the socket)."""
-MAX_LINE_BYTES = 1024 * 1024
-"""Longest event header line; longer ones end the connection."""
+MAX_EVENT_BYTES = 262_144
+"""The longest event (``wyoming.max_event_bytes``'s default): header line, data and payload together."""
+REFUSED_LOG_S = 1.0
+"""Connections refused at the cap are logged at most this often (with how many since)."""
 NO_PRESET_VOICE = "default"
 """The one voice advertised for a model without preset speakers (VoiceDesign, Base)."""
 WRITE_TIMEOUT_S = 10.0
@@ -176,12 +179,28 @@ class Speech:
     stream: CallerStream
 
 
-async def read_event(reader: asyncio.StreamReader) -> Event | None:
-    """The next event; None when the connection ended. ``FrameError`` for bytes that are not one."""
+async def read_event(
+    reader: asyncio.StreamReader,
+    *,
+    max_bytes: int = MAX_EVENT_BYTES,
+    timeout_s: float | None = None,
+    first: bytes = b"",
+) -> Event | None:
+    """The next event (``first``: its first byte, read already); None when the connection ended.
+    ``FrameError`` for bytes that are not one, an event longer than ``max_bytes`` (refused before its
+    body is read) or one not whole within ``timeout_s``."""
     try:
-        line = await reader.readline()
-    except ValueError as exc:  # the stream's limit: a header line longer than MAX_LINE_BYTES
-        raise FrameError(f"event header longer than {MAX_LINE_BYTES} bytes") from exc
+        async with asyncio.timeout(timeout_s):
+            return await _read_event(reader, max_bytes, first)
+    except TimeoutError as exc:
+        raise FrameError(f"event not complete within {timeout_s:g} s (wyoming.event_timeout_s)") from exc
+
+
+async def _read_event(reader: asyncio.StreamReader, max_bytes: int, first: bytes) -> Event | None:
+    try:
+        line = first if first == b"\n" else first + await reader.readline()
+    except ValueError as exc:  # the stream's limit: a header line longer than max_bytes
+        raise FrameError(f"event header longer than {max_bytes} bytes (wyoming.max_event_bytes)") from exc
     if not line:
         return None
     try:
@@ -192,10 +211,10 @@ async def read_event(reader: asyncio.StreamReader) -> Event | None:
         raise FrameError("event header must be a JSON object with a string 'type'")
     data = header.get("data") or {}
     lengths = [header.get("data_length") or 0, header.get("payload_length") or 0]
-    if not isinstance(data, dict) or any(
-        not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_PAYLOAD_BYTES for n in lengths
-    ):
-        raise FrameError(f"event data must be an object, and lengths at most {MAX_PAYLOAD_BYTES} bytes")
+    if not isinstance(data, dict) or any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in lengths):
+        raise FrameError("event data must be an object, and its lengths whole numbers of bytes")
+    if (size := len(line) + sum(lengths)) > max_bytes:
+        raise FrameError(f"event of {size} bytes is longer than {max_bytes} (wyoming.max_event_bytes)")
     payload: bytes | None = None
     try:
         if lengths[0]:
@@ -211,6 +230,17 @@ async def read_event(reader: asyncio.StreamReader) -> Event | None:
     except asyncio.IncompleteReadError:
         return None  # the connection ended inside an event
     return Event(type=header["type"], data=data, payload=payload)
+
+
+def event_bytes(event: Event) -> bytes:
+    """``event`` as written on the wire (for a write that must not wait)."""
+    out = io.BytesIO()
+    write_event(event, out)
+    return out.getvalue()
+
+
+class _Idle(Exception):
+    """No event came for ``wyoming.idle_timeout_s`` and nothing was in flight."""
 
 
 class WyomingConnection:
@@ -240,6 +270,8 @@ class WyomingConnection:
         sends for older servers, and is ignored (as wyoming-piper does)."""
         self._streaming = False
         self._buffer = ""
+        self._stream_chars = 0
+        """Characters of the stream's chunks so far (at most ``tts.max_text_chars``)."""
         self._stream_voice: tuple[str | None, str | None] = (None, None)
         self._session = ""
 
@@ -292,7 +324,11 @@ class WyomingConnection:
         try:
             while not self._ended:
                 try:
-                    event = await read_event(self.reader)
+                    event = await self._next_event()
+                except _Idle:
+                    log.info("wyoming_idle_closed", peer=self.peer, idle_s=self.server.config.idle_timeout_s)
+                    self.end(gone=False)
+                    return
                 except FrameError as exc:
                     log.info("wyoming_bad_frame", peer=self.peer, reason=str(exc))
                     await self._pending.put(Reply(Error(str(exc), str(ErrorCode.BAD_PAYLOAD)).event(), hang_up=True))
@@ -309,6 +345,26 @@ class WyomingConnection:
             return
         self.end(gone=True)  # the client closed its side: it is gone
 
+    async def _next_event(self) -> Event | None:
+        """The next event: its first byte within ``idle_timeout_s`` unless a request of this client
+        is in flight (``_Idle`` otherwise), the rest within ``event_timeout_s``."""
+        cfg = self.server.config
+        while True:
+            try:
+                async with asyncio.timeout(cfg.idle_timeout_s):
+                    first = await self.reader.read(1)
+                break
+            except TimeoutError:
+                if not self._busy():
+                    raise _Idle from None
+        if not first:
+            return None
+        return await read_event(self.reader, max_bytes=cfg.max_event_bytes, timeout_s=cfg.event_timeout_s, first=first)
+
+    def _busy(self) -> bool:
+        """A request of this client is waiting, being synthesized or being written, or a reply is."""
+        return bool(self._speeches) or len(self._pending) > 0 or len(self._outbox) > 0
+
     async def _handle(self, event: Event) -> None:
         kind = event.type
         now = time.monotonic()
@@ -321,8 +377,10 @@ class WyomingConnection:
             if self._streamed:
                 log.debug("wyoming_synthesize_ignored", peer=self.peer, reason="streamed")
                 return
-            text = self._text_field(event)
+            text = self._text_field(event).strip()  # as parse_say reads it
             voice, language = self._voice(event.data.get("voice"))
+            if len(text) > self.server.rules.max_text_chars:
+                self._reject_now(Text(text, voice, language, uuid.uuid4().hex, now))
             await self._pending.put(Text(text, voice, language, uuid.uuid4().hex, now))
         elif SynthesizeStart.is_type(kind):
             if self._streaming:
@@ -330,11 +388,17 @@ class WyomingConnection:
             self._stream_voice = self._voice(event.data.get("voice"))
             self._streamed = self._streaming = True
             self._buffer = ""
+            self._stream_chars = 0
             self._session = uuid.uuid4().hex
         elif SynthesizeChunk.is_type(kind):
             if not self._streaming:
                 raise Refused(ErrorCode.BAD_PAYLOAD, "synthesize-chunk outside synthesize-start ... synthesize-stop")
-            self._buffer += self._text_field(event)
+            chunk = self._text_field(event)
+            self._stream_chars += len(chunk)
+            if self._stream_chars > (limit := self.server.rules.max_text_chars):
+                why = f"the streamed text grew past {limit} characters (tts.max_text_chars)"
+                raise Refused(ErrorCode.TEXT_TOO_LONG, why)
+            self._buffer += chunk
             sentences, self._buffer = split_sentences(self._buffer, self.server.rules.max_text_chars)
             for sentence in sentences:
                 await self._pending.put(Text(sentence, *self._stream_voice, self._session, now))
@@ -352,6 +416,15 @@ class WyomingConnection:
         for sentence in sentences:
             await self._pending.put(Text(sentence, *self._stream_voice, self._session, now))
 
+    def _reject_now(self, text: Text) -> None:
+        """Reject a text too long to wait in turn (it would be held until then): through the ledger
+        as ``_submit`` would, then ``Refused`` (the error event after what came before)."""
+        parsed = self._parse(text)
+        if parsed.error is None:
+            return
+        self.server.ledger.reject(parsed.request, parsed.error.code, parsed.error.message)
+        raise Refused(parsed.error.code, parsed.error.message)
+
     @staticmethod
     def _text_field(event: Event) -> str:
         text = event.data.get("text")
@@ -368,6 +441,10 @@ class WyomingConnection:
         name, language = voice.get("name"), voice.get("language")
         if not isinstance(name, str | None) or not isinstance(language, str | None):
             raise Refused(ErrorCode.BAD_PAYLOAD, "'voice.name' and 'voice.language' must be strings")
+        if any(value is not None and len(value) > MAX_NAME_CHARS for value in (name, language)):
+            raise Refused(
+                ErrorCode.BAD_PAYLOAD, f"'voice.name' and 'voice.language' have at most {MAX_NAME_CHARS} characters"
+            )
         rules = self.server.rules
         try:
             if not rules.voices and name is not None and name.strip().lower() == NO_PRESET_VOICE:
@@ -405,14 +482,18 @@ class WyomingConnection:
         finally:
             self._outbox.close()
 
-    def _submit(self, text: Text) -> Speech:
-        server = self.server
+    def _parse(self, text: Text) -> Parsed:
         fields: dict[str, str] = {"text": text.text, "sessionId": text.session_id}
         if text.voice is not None:
             fields["voice"] = text.voice
         if text.language is not None:
             fields["language"] = text.language
-        parsed = parse_say(json.dumps(fields).encode(), server.rules, origin="wyoming", received_at=text.received_at)
+        rules = self.server.rules
+        return parse_say(json.dumps(fields).encode(), rules, origin="wyoming", received_at=text.received_at)
+
+    def _submit(self, text: Text) -> Speech:
+        server = self.server
+        parsed = self._parse(text)
         stream = CallerStream()
         request = dataclasses.replace(parsed.request, output=stream)
         if parsed.error is not None:
@@ -497,6 +578,9 @@ class WyomingServer:
         self._tg: asyncio.TaskGroup | None = None
         self._closing = asyncio.Event()
         self._zeroconf: Any = None
+        self._refused = 0
+        """Connections refused at ``max_connections`` since the last log line about them."""
+        self._refused_logged_at = -REFUSED_LOG_S
 
     def info_now(self) -> Event:
         """The ``info`` answer with the voice library as it is now (scanned on each ``describe``)."""
@@ -509,7 +593,11 @@ class WyomingServer:
         """Listen; a port that is taken (or an address this host lacks) is exit 69."""
         try:
             self._server = await asyncio.start_server(
-                self._accept, self.config.host, self.config.port, limit=MAX_LINE_BYTES, start_serving=False
+                self._accept,
+                self.config.host,
+                self.config.port,
+                limit=self.config.max_event_bytes,  # a header line longer is refused; the buffer is at most twice it
+                start_serving=False,
             )
         except OSError as exc:
             raise UnavailableError(f"wyoming: cannot listen on {self.config.host}:{self.config.port}: {exc}") from exc
@@ -559,10 +647,26 @@ class WyomingServer:
         if self._tg is None or self._closing.is_set():
             writer.transport.abort()
             return
+        if len(self._connections) >= self.config.max_connections:
+            self._refuse(writer, peer_s)
+            return
         connection = WyomingConnection(self, reader, writer, peer_s)
         task = self._tg.create_task(connection.serve(), name="s2s.wyoming.connection")
         self._connections[task] = connection
         task.add_done_callback(self._connections.pop)
+
+    def _refuse(self, writer: asyncio.StreamWriter, peer: str) -> None:
+        """One connection past ``max_connections``: an ``error`` event (without waiting for the
+        client to read it), then closed; its descriptor is free at once."""
+        limit = self.config.max_connections
+        why = f"too many connections: this server takes {limit} at once (wyoming.max_connections)"
+        writer.transport.write(event_bytes(Error(why, "too_many_connections").event()))
+        writer.transport.close()
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged_at >= REFUSED_LOG_S:
+            log.warning("wyoming_connection_refused", peer=peer, refused=self._refused, max_connections=limit)
+            self._refused, self._refused_logged_at = 0, now
 
     # -- zeroconf ---------------------------------------------------------------------------
 

@@ -107,6 +107,8 @@ class RequestError:
 
     code: ErrorCode
     message: str
+    field: str | None = None
+    """The request's field at fault, when one is (``instruct``); the speech API names it as ``param``."""
 
 
 @dataclass(frozen=True, slots=True)

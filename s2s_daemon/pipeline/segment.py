@@ -55,6 +55,15 @@ _CLAUSE = re.compile(r"[,;:](?=\s)|[\u3001\uff0c\uff1b\uff1a](?=\S)")
 _WORD_BEFORE = re.compile(r"([\w.\-]+)\.$")
 _MONTHS_DE: tuple[str, ...] = ("januar", "februar", "märz", "april", "mai", "juni", "juli", "august")
 _MONTHS_DE += ("september", "oktober", "november", "dezember")
+_MONTH_CHARS = max(len(month) for month in _MONTHS_DE)
+_SPACE = re.compile(r"\s*")
+"""White space (what ``str.strip`` removes), matched in place."""
+
+
+def _skip_space(text: str, pos: int = 0) -> int:
+    """The first index at or after ``pos`` that is not white space (``len(text)`` when none is)."""
+    match = _SPACE.match(text, pos)
+    return match.end() if match is not None else pos
 
 
 def _is_end(text: str, match: re.Match[str]) -> bool:
@@ -62,8 +71,9 @@ def _is_end(text: str, match: re.Match[str]) -> bool:
     mark = match.group(0)
     if mark[0] in "\u3002\uff01\uff1f" or mark[0] in "!?":
         return True
-    after = text[match.end() :].lstrip()
-    following = after[:1]
+    # What follows, read in place: a copy of the rest at every full stop made a long text quadratic.
+    next_at = _skip_space(text, match.end())
+    following = text[next_at : next_at + 1]
     if following and following.islower():
         return False  # "etc. and", "... and then", "z. B. die"
     if mark.startswith("..") or mark.startswith("\u2026"):
@@ -77,16 +87,31 @@ def _is_end(text: str, match: re.Match[str]) -> bool:
         return False
     if len(token) == 1 and token.isalpha() and token.isupper():
         return False  # an initial: "J. K. Rowling"
-    if token.isdigit() and len(token) <= 2 and after.lower().startswith(_MONTHS_DE):
+    if token.isdigit() and len(token) <= 2 and text[next_at : next_at + _MONTH_CHARS].lower().startswith(_MONTHS_DE):
         return False  # a German date: "am 3. Oktober"
     return True
 
 
 def _first_clause(text: str) -> int | None:
-    """Where the first clause of ``text`` long enough to be spoken alone ends (after its mark)."""
-    for match in _CLAUSE.finditer(text):
-        head = text[: match.start()].strip()
-        if _spoken_length(head) >= FIRST_CLAUSE_CHARS and any(c.isalnum() for c in head):
+    """Where the first clause of ``text`` long enough to be spoken alone ends (after its mark).
+
+    The head before each mark is measured by adding what lies between one mark and the next, so
+    a text of many short clauses costs its length once."""
+    pos = _skip_space(text)
+    spoken = 0
+    """Spoken length of ``text`` from its first non-space to ``pos``."""
+    head = 0
+    """Spoken length of the head before the mark, without its trailing white space."""
+    alnum = False
+    for match in _CLAUSE.finditer(text, pos):
+        between = text[pos : match.start()]
+        body = between.rstrip()
+        if body:
+            head = spoken + _spoken_length(body)
+            alnum = alnum or any(c.isalnum() for c in body)
+        spoken += _spoken_length(between)
+        pos = match.start()
+        if head >= FIRST_CLAUSE_CHARS and alnum:
             return match.end()
     return None
 
@@ -121,14 +146,16 @@ def split_sentences(text: str, max_chars: int, *, complete: bool = False, first:
         if any(c.isalnum() for c in piece):
             sentences.append(piece)
             start = match.end()
-    rest = text[start:]
-    while len(rest.strip()) > max_chars:
-        rest = rest.lstrip()
-        cut = max(rest.rfind(mark, 0, max_chars) for mark in CLAUSE_MARKS)
-        cut = cut + 1 if cut > max_chars // 3 else rest.rfind(" ", 0, max_chars + 1)
+    # An over-long rest is cut in place, one window at a time (no copy of what is left per cut).
+    end = len(text.rstrip())
+    while end - (lead := _skip_space(text, start)) > max_chars:
+        window = text[lead : lead + max_chars + 1]
+        cut = max(window.rfind(mark, 0, max_chars) for mark in CLAUSE_MARKS)
+        cut = cut + 1 if cut > max_chars // 3 else window.rfind(" ", 0, max_chars + 1)
         cut = cut if cut > 0 else max_chars
-        sentences.append(rest[:cut].strip())
-        rest = rest[cut:]
+        sentences.append(window[:cut].strip())
+        start = lead + cut
+    rest = text[start:]
     if complete:
         if any(c.isalnum() for c in rest):
             sentences.append(rest.strip())

@@ -7,7 +7,8 @@ speaks the first sentence while the writer is still on the second.
 
 The feed ends when the piece marked last and every piece before it have arrived (``CLOSED``).
 It also ends early, keeping what came: when no piece came for ``idle_s`` (the writer is gone:
-``IDLE``), when the text outgrows ``max_chars`` (``TOO_LONG``), when a piece is malformed
+``IDLE``), when the text outgrows ``max_chars`` (``TOO_LONG``: the pieces waiting for a gap
+count from their arrival), when a piece is malformed
 (``BAD_PIECE``) or when the daemon stops (``SHUTDOWN``). What was received in order is spoken
 either way; the reason is the request's error.
 """
@@ -58,6 +59,8 @@ class TextFeed:
         """Text taken in order and not handed out yet."""
         self._next = 0
         self._early: dict[int, str] = {}
+        self._early_chars = 0
+        """Characters of the pieces in ``_early``: they count against ``max_chars`` from their arrival."""
         self._last_seq: int | None = None
         self._changed = asyncio.Event()
 
@@ -73,7 +76,7 @@ class TextFeed:
     @property
     def received_chars(self) -> int:
         """Characters received, in order or waiting for a piece before them."""
-        return self.chars + sum(len(text) for text in self._early.values())
+        return self.chars + self._early_chars
 
     def add(self, seq: int, text: str, *, last: bool = False, now: float | None = None) -> bool:
         """Take piece ``seq`` (``last``: no piece follows it); False when it changes nothing (a
@@ -85,15 +88,18 @@ class TextFeed:
         self.last_piece_at = time.monotonic() if now is None else now
         if last:
             self._last_seq = seq
+        # Counted as it arrives, in order or not: pieces waiting for a gap are held text too.
+        if self.chars + self._early_chars + len(text) > self.max_chars:
+            self.stop(FeedEnd.TOO_LONG, f"the text grew past {self.max_chars} characters at piece {seq}")
+            return True
         self._early[seq] = text
+        self._early_chars += len(text)
         if len(self._early) > MAX_EARLY_PIECES:
             self.stop(FeedEnd.BAD_PIECE, f"piece {self._next} never came ({len(self._early)} pieces after it wait)")
             return True
         while self._next in self._early:
             piece = self._early.pop(self._next)
-            if self.chars + len(piece) > self.max_chars:
-                self.stop(FeedEnd.TOO_LONG, f"the text grew past {self.max_chars} characters at piece {self._next}")
-                return True
+            self._early_chars -= len(piece)
             self._text += piece
             self.chars += len(piece)
             self.pieces += 1
@@ -109,6 +115,7 @@ class TextFeed:
             self.end = why
             self.end_detail = detail
             self._early.clear()
+            self._early_chars = 0
             self._changed.set()
 
     def pending(self) -> str:

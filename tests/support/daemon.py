@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,16 @@ async def daemon_in_process(config_path: Path) -> AsyncIterator[Daemon]:
 
 
 class DaemonProcess:
-    def __init__(self, config_path: Path, env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        preexec_fn: Callable[[], object] | None = None,
+    ) -> None:
         self.config_path = config_path
+        self.preexec_fn = preexec_fn
+        """Run in the child before the daemon starts (``resource.setrlimit``: a smaller open-file limit)."""
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.env["PYTHONPATH"] = str(REPO) + os.pathsep + self.env.get("PYTHONPATH", "")
         self.log_path = log_path or config_path.with_suffix(".log")
@@ -76,6 +84,7 @@ class DaemonProcess:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=self.preexec_fn,
             )
 
     def signal(self, sig: signal.Signals) -> None:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from s2s_daemon.intake.http.encoders import FORMATS
-from s2s_daemon.intake.schemas import IntakeRules, decode_json_object
+from s2s_daemon.intake.schemas import MAX_NAME_CHARS, IntakeRules, Name, decode_json_object
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
 from s2s_daemon.pipeline.stretch import SPEED_RANGE, StretchUnavailableError, needs_stretch, require_stretch
 from s2s_daemon.pipeline.vocabulary import UnknownVoiceError
@@ -30,6 +31,8 @@ PARAM_OF_CODE = {
     ErrorCode.UNKNOWN_VOICE: "voice",
     ErrorCode.UNSUPPORTED_LANGUAGE: "language",
 }
+PARAM_OF_FIELD = {"instruct": "instructions", "text": "input"}
+"""A say request's field as the speech API names it (its ``param``)."""
 
 
 class ApiError(Exception):
@@ -73,18 +76,30 @@ class SpeechPayload(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    model: StrictStr | None = None
+    model: Name | None = None
     """Accepted and ignored: the daemon serves the one model it loaded."""
     input: StrictStr
     voice: StrictStr | VoiceRef | None = None
+    """A name of at most ``MAX_NAME_CHARS``, as such or as ``{"id": name}``."""
     instructions: StrictStr | None = None
-    """The request's ``instruct`` (style for CustomVoice, description for VoiceDesign)."""
-    response_format: StrictStr = "mp3"
+    """The request's ``instruct`` (style for CustomVoice, description for VoiceDesign): at most
+    ``tts.max_instruct_chars``, checked with the say rules."""
+    response_format: Name = "mp3"
     speed: float = Field(1.0, allow_inf_nan=False)
     """Playback speed, 0.25..4.0: the audio is time-stretched as it streams, its pitch kept."""
-    stream_format: StrictStr = "audio"
-    language: StrictStr | None = None
+    stream_format: Name = "audio"
+    language: Name | None = None
     """Ours: ``auto``, the model's names or codes (``en``, ``de-DE``); default ``tts.language``."""
+
+    @field_validator("voice")
+    @classmethod
+    def _voice_is_a_name(cls, value: str | VoiceRef | None) -> str | VoiceRef | None:
+        name = value.id if isinstance(value, VoiceRef) else value
+        if name is not None and len(name) > MAX_NAME_CHARS:  # checked here: the union's error would name its member
+            raise PydanticCustomError(
+                "string_too_long", "String should have at most {max_length} characters", {"max_length": MAX_NAME_CHARS}
+            )
+        return value
 
     def voice_name(self) -> str | None:
         return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
@@ -166,8 +181,9 @@ def with_openai_names(error: RequestError, rules: IntakeRules) -> RequestError:
 
 
 def invalid_request(error: RequestError) -> ApiError:
-    """A say request the intake rules rejected (text, voice, language)."""
-    return ApiError(400, error.message, code=error.code.value, param=PARAM_OF_CODE.get(error.code))
+    """A say request the intake rules rejected (text, voice, language, instruction)."""
+    param = PARAM_OF_FIELD.get(error.field, error.field) if error.field is not None else PARAM_OF_CODE.get(error.code)
+    return ApiError(400, error.message, code=error.code.value, param=param)
 
 
 def unanswered(

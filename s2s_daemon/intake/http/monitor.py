@@ -15,6 +15,7 @@ from aiohttp import web
 
 from s2s_daemon.config import MonitorConfig
 from s2s_daemon.errors import UnavailableError
+from s2s_daemon.intake.http.limits import ConnectionGuard, ListenerLimits
 
 log = structlog.get_logger(__name__)
 
@@ -69,15 +70,25 @@ class MonitorServer:
         self.port: int | None = None
         """The port listened on, once started."""
         self._runner: web.AppRunner | None = None
+        self.connections = ConnectionGuard(
+            ListenerLimits("monitor", config.max_connections, config.header_timeout_s, config.idle_timeout_s)
+        )
+        """The listener's connection cap and read deadlines."""
 
     async def start(self) -> None:
         cfg = self.config
-        app = web.Application()
+        app = web.Application(middlewares=[self.connections.middleware()])
         self.routes.add_to(app)
-        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=CLOSE_TIMEOUT_S)
+        runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=CLOSE_TIMEOUT_S,
+            **self.connections.runner_options(),
+        )
         await runner.setup()
         try:
-            await web.TCPSite(runner, cfg.host, cfg.port).start()
+            await self.connections.site(runner, cfg.host, cfg.port).start()
         except OSError as exc:
             await runner.cleanup()
             raise UnavailableError(

@@ -41,6 +41,7 @@ from s2s_daemon.intake.http.api import (
 )
 from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, WavEncoder, encoder_factory
 from s2s_daemon.intake.http.guard import RequestGuard, json_body
+from s2s_daemon.intake.http.limits import ConnectionGuard, ListenerLimits
 from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.http.monitor import MonitorRoutes
 from s2s_daemon.intake.http.web import WebPage
@@ -144,11 +145,17 @@ class HttpSpeechServer:
         self.port: int | None = None
         """The port listened on, once started."""
         self._api_key: str | None = None
-        self.guard = RequestGuard(config.host, config.allowed_hosts)
+        self.browsers = RequestGuard(config.host, config.allowed_hosts)
         """The Host allow-list and the same-origin rule, checked before the key."""
         self._runner: web.AppRunner | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._created = int(time.time())
+        self.connections = ConnectionGuard(
+            ListenerLimits(
+                "http", config.max_connections, config.header_timeout_s, config.idle_timeout_s, config.body_timeout_s
+            )
+        )
+        """The listener's connection cap and read deadlines."""
 
     # -- what it serves with -------------------------------------------------------------
 
@@ -196,7 +203,8 @@ class HttpSpeechServer:
         return key
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._middleware()])
+        middlewares = [self.connections.middleware(), self._middleware()]
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=middlewares)
         app.router.add_post("/v1/audio/speech", self._speech)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model:.+}", self._model)
@@ -214,10 +222,11 @@ class HttpSpeechServer:
             access_log=None,  # one structured event per speech response instead
             handler_cancellation=True,  # a client that goes away cancels its handler: synthesis stops
             shutdown_timeout=CLOSE_TIMEOUT_S,
+            **self.connections.runner_options(),
         )
         await runner.setup()
         try:
-            await web.TCPSite(runner, cfg.host, cfg.port).start()
+            await self.connections.site(runner, cfg.host, cfg.port).start()
         except OSError as exc:
             await runner.cleanup()
             raise UnavailableError(f"http: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}") from exc
@@ -259,7 +268,7 @@ class HttpSpeechServer:
         async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
             try:
                 if request.path not in OPEN_PATHS:  # the probes answer any name (they tell nothing)
-                    self.guard.check(request)
+                    self.browsers.check(request)
                 if request.path not in self.open_paths:
                     self._authorize(request)
                 return await handler(request)
