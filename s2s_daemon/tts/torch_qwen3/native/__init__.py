@@ -6,8 +6,10 @@ bfloat16, int8 (per output channel) or 4-bit (affine, per group) weights once pe
 accumulates in float32 with AVX2/FMA, on torch's own thread pool. It is compiled with
 ``torch.utils.cpp_extension`` the first time it is needed (with progress lines) into a folder
 keyed by everything in the build command (``build_key``), so environments never rebuild over each
-other. Without AVX2/FMA or a compiler, or if the build fails, ``load()`` returns ``None`` with the
-reason (``unavailable_reason()``) and the engine keeps torch's own kernels.
+other, by one process at a time (``build_lock``: a start killed mid-build leaves no lock that
+later starts wait on, and a start waits a bounded time for a live builder, naming it). Without
+AVX2/FMA or a compiler, or if the build fails, ``load()`` returns ``None`` with the reason
+(``unavailable_reason()``) and the engine keeps torch's own kernels.
 ``scripts/bench_wide.py`` and ``scripts/bench_torch.py`` measure them.
 """
 
@@ -31,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from s2s_daemon.build_lock import BuildLockTimeout, build_lock
 from s2s_daemon.progress import Progress
 
 log = structlog.get_logger(__name__)
@@ -50,6 +53,10 @@ CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 BUILD_EXPECTED_S = 70
 """Seconds a first build is expected to take on a small machine (for the progress line only)."""
+LOCK_NAME = "s2s-build.lock"
+"""The build folder's ``build_lock``: one build at a time, released when its holder exits."""
+TORCH_BATON = "lock"
+"""The file torch's ``cpp_extension`` keeps while it builds (and leaves when it is killed)."""
 
 _SOURCE = Path(__file__).with_name("linear.cpp")
 _lock = threading.Lock()
@@ -164,41 +171,65 @@ def load() -> Any:
             return module
         reason = why_not_here()
         if reason is None:
-            from torch.utils.cpp_extension import load as build
-
             key = build_key()
             folder = build_folder(key)
-            cached = is_built(folder)
-            if not cached:
-                log.info("native_kernels_building", expected_s=BUILD_EXPECTED_S, cached_in=str(folder))
-            started = time.perf_counter()
             try:
-                folder.mkdir(parents=True, exist_ok=True)
-                if not (folder / "key.json").is_file():  # what the folder was built for, for people
-                    (folder / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True) + "\n", "utf-8")
-                building = Progress("building_native_kernels", expected_s=BUILD_EXPECTED_S, started=None, done=None)
-                with building if not cached else contextlib.nullcontext():
-                    module = build(
-                        name=EXTENSION_NAME,
-                        sources=[str(_SOURCE)],
-                        build_directory=str(folder),
-                        extra_cflags=list(CFLAGS),
-                        extra_ldflags=list(LDFLAGS),
-                        verbose=False,
-                    )
-            except (OSError, RuntimeError, ImportError) as exc:  # compiler errors arrive as RuntimeError
-                reason = f"building the kernels failed: {str(exc).strip().splitlines()[-1] if str(exc) else exc}"
-            else:
-                elapsed_s = round(time.perf_counter() - started, 1)
-                if not cached:
-                    log.info("native_kernels_built", build_s=elapsed_s, folder=str(folder))
-                else:
-                    log.debug("native_kernels_cached", load_s=elapsed_s, folder=str(folder))
+                with build_lock(folder / LOCK_NAME, "the native kernels"):
+                    module, reason = _build_locked(key, folder)
+            except BuildLockTimeout as exc:
+                reason = f"not built: {exc}"
+            except OSError as exc:  # the lock file cannot be made: an unwritable cache
+                reason = f"building the kernels failed: {exc}"
         if module is None:
             log.warning("native_kernels_unavailable", reason=reason)
         _state["module"] = module
         _state["reason"] = reason
         return module
+
+
+def _build_locked(key: dict[str, str], folder: Path) -> tuple[Any, str | None]:
+    """(module, None) or (None, reason): the build, under this folder's ``build_lock``.
+
+    torch's own ``lock`` file (its ``FileBaton``) is left behind by a build that was killed, and
+    torch then waits for it for ever; under our lock nobody else builds here, so one found is stale.
+    """
+    from torch.utils.cpp_extension import load as build
+
+    cached = is_built(folder)
+    if cached:  # another process built it while this one waited for the lock
+        module = _import_built()
+        if module is not None:
+            log.debug("native_kernels_cached", folder=str(folder))
+            return module, None
+    stale = folder / TORCH_BATON
+    if stale.exists():
+        log.warning("native_kernels_stale_lock_removed", lock=str(stale), reason="left by a build that was stopped")
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+    if not cached:
+        log.info("native_kernels_building", expected_s=BUILD_EXPECTED_S, cached_in=str(folder))
+    started = time.perf_counter()
+    try:
+        if not (folder / "key.json").is_file():  # what the folder was built for, for people
+            (folder / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True) + "\n", "utf-8")
+        building = Progress("building_native_kernels", expected_s=BUILD_EXPECTED_S, started=None, done=None)
+        with building if not cached else contextlib.nullcontext():
+            module = build(
+                name=EXTENSION_NAME,
+                sources=[str(_SOURCE)],
+                build_directory=str(folder),
+                extra_cflags=list(CFLAGS),
+                extra_ldflags=list(LDFLAGS),
+                verbose=False,
+            )
+    except (OSError, RuntimeError, ImportError) as exc:  # compiler errors arrive as RuntimeError
+        return None, f"building the kernels failed: {str(exc).strip().splitlines()[-1] if str(exc) else exc}"
+    elapsed_s = round(time.perf_counter() - started, 1)
+    if not cached:
+        log.info("native_kernels_built", build_s=elapsed_s, folder=str(folder))
+    else:
+        log.debug("native_kernels_cached", load_s=elapsed_s, folder=str(folder))
+    return module, None
 
 
 def _import_built() -> Any:
