@@ -50,8 +50,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from s2s_daemon import preflight
 
     config = _load(args)
-    if not args.schema_only:
-        preflight.require(config)
+    preflight.require(config, files=not args.schema_only)
     source = _config_path(args.config) or "defaults"
     verdict = f"{source}: valid (engine {config.tts.engine}, model {config.tts.model}, sink {config.audio.sink})"
     if args.schema_only:

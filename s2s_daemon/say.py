@@ -25,7 +25,7 @@ from s2s_daemon.pipeline.jobs import Job
 from s2s_daemon.pipeline.messages import Status
 from s2s_daemon.pipeline.textfeed import TextFeed
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice
-from s2s_daemon.pipeline.voices import VoiceLibrary
+from s2s_daemon.pipeline.voices import VoiceLibrary, check_voice, model_voice
 from s2s_daemon.tts.engine import SynthesisRequest
 from s2s_daemon.wiring import build_pipeline, load_engine, voice_library
 
@@ -58,32 +58,22 @@ class LogEvents:
 def default_voice(
     config: DaemonConfig, cli_voice: str | None, info: EngineInfo, library: VoiceLibrary | None = None
 ) -> str | None:
-    """The voice to speak in: ``--voice`` wins; then a ``tts.voice`` the user configured; then the
-    model's first speaker when the built-in default ``tts.voice`` is not one of this model's. A name
-    that is no preset speaker may be a voice of ``library``."""
-    named = cli_voice if cli_voice is not None else config.tts.voice if "voice" in config.tts.model_fields_set else None
-    if library is not None and named is not None and named.strip().lower() not in {v.lower() for v in info.voices}:
-        try:
-            found = library.lookup(named)
-        except EngineError as exc:
-            raise ConfigError(f"{'--voice' if cli_voice is not None else 'tts.voice'}: {exc}") from exc
-        if found is not None:
-            return found.name
-    if cli_voice is None and not info.voices:
-        return None  # a Base or VoiceDesign model: no preset speakers
-    wanted: str | None
-    if cli_voice is not None:
-        key, wanted = "--voice", cli_voice
-    elif "voice" in config.tts.model_fields_set:
-        key, wanted = "tts.voice", config.tts.voice
-    else:
-        wanted = config.tts.voice
-        if wanted is None or wanted.lower() in {v.lower() for v in info.voices}:
-            return match_voice(wanted, info.voices, None)
-        log.info("voice_default", configured=wanted, model_voices=len(info.voices), voice=info.voices[0])
-        return info.voices[0]
+    """The voice to speak in: ``--voice`` wins; then ``tts.voice``; with neither (``auto``) the
+    model's own (``model_voice``: Ryan, else its first preset speaker, else the library's first voice
+    it can speak). A name that is no preset speaker may be a voice of ``library``."""
+    named = cli_voice if cli_voice is not None else config.tts.named_voice
+    if named is None:
+        chosen = model_voice(info.voices, library)
+        log.info("voice_default", voice=chosen, model_voices=len(info.voices), mode=info.mode)
+        return chosen
+    key = "--voice" if cli_voice is not None else "tts.voice"
     try:
-        return match_voice(wanted, info.voices, None)
+        if library is not None:
+            check_voice(named, info.voices, library)
+            found = library.lookup(named) if named.strip().lower() not in {v.lower() for v in info.voices} else None
+            if found is not None:
+                return found.name
+        return match_voice(named, info.voices, None)
     except EngineError as exc:
         raise ConfigError(f"{key}: {exc}") from exc
 
