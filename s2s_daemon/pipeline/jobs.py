@@ -120,6 +120,18 @@ class TextCut:
 
 
 @dataclass(frozen=True, slots=True)
+class Truncated:
+    """A piece of the request's text was cut short: the engine ran away (``tts/runaway.py``). What
+    came before plays, the rest of the text is spoken, and the request still ends ``completed``."""
+
+    at: float
+    reason: str
+    """``runaway``."""
+    cause: str
+    """What gave it away: ``length``, ``silence`` or ``loop``."""
+
+
+@dataclass(frozen=True, slots=True)
 class OnSpeaker:
     """The speaker took the request: its audio plays next, in the room."""
 
@@ -164,6 +176,7 @@ StageEvent = (
     | SynthesisEnded
     | Failed
     | TextCut
+    | Truncated
     | OnSpeaker
     | Prebuffered
     | FirstSample
@@ -184,6 +197,10 @@ class Job:
     shortfall: RequestError | None = None
     """Why the request was spoken short of what was asked (its streamed text ended early): its
     error if it otherwise plays to the end."""
+    truncated: str | None = None
+    """Why part of its audio was cut short (``runaway``), told in ``tts/finished``; None: none was."""
+    truncated_cause: str | None = None
+    """What gave the first cut away (``length``, ``silence``, ``loop``; the metric's label)."""
     cancelled: bool = False
     """The stop token as a plain flag: polled by the engine thread between frames."""
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
@@ -443,6 +460,9 @@ class Ledger:
                 job.cancelled = True  # the engine stops; what was already made still plays
             case TextCut(_, code, message):
                 job.shortfall = job.shortfall or RequestError(code, message)
+            case Truncated(_, reason, cause):
+                if job.truncated is None:
+                    job.truncated, job.truncated_cause = reason, cause
             case OnSpeaker(_):
                 self.current = job
             case Prebuffered(_, seconds):
