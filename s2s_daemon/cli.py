@@ -14,7 +14,7 @@ import structlog
 
 from s2s_daemon import __version__
 from s2s_daemon.config import DaemonConfig, load_config
-from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, DaemonError
+from s2s_daemon.errors import EXIT_INTERRUPTED, EXIT_OK, DaemonError
 from s2s_daemon.logs import configure_logging
 from s2s_daemon.tts.threads import prepare_openmp
 
@@ -212,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DaemonError as exc:
         print(f"s2s-daemon: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        return EXIT_FAILURE
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handler took over (loading)
+        print("s2s-daemon: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return code
