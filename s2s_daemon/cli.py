@@ -121,9 +121,22 @@ def cmd_say(args: argparse.Namespace) -> int:
     return asyncio.run(say_once(config, args))
 
 
+EMBEDDED_GONE = (
+    "nothing to clear on {where}: the embedded broker (mqtt.broker: embedded) runs inside the daemon and"
+    " keeps its retained messages in memory, so the discovery configs ended with the daemon. Home Assistant"
+    " keeps the entities it knew until it is told otherwise: start the daemon with ha.discovery: false"
+    " (it clears them on connect), or delete the device in Home Assistant"
+)
+"""``ha remove`` with the embedded broker and no daemon running: there is no broker to clear."""
+
+
 def cmd_ha_remove(args: argparse.Namespace) -> int:
     config = _load(args)
     from s2s_daemon.events.discovery import remove_discovery
+
+    if config.mqtt.broker == "embedded" and not _listening(config.mqtt.host, config.mqtt.port):
+        print(EMBEDDED_GONE.format(where=f"{config.mqtt.host}:{config.mqtt.port}"))
+        return EXIT_OK
 
     cleared = asyncio.run(remove_discovery(config))
     print(f"cleared {len(cleared)} Home Assistant discovery configs on {config.mqtt.host}:{config.mqtt.port}:")
@@ -132,6 +145,17 @@ def cmd_ha_remove(args: argparse.Namespace) -> int:
     if config.ha.discovery:
         print("note: ha.discovery is true here: a daemon running with it announces them again on its next connect")
     return EXIT_OK
+
+
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port`` now."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return True
+    except OSError:
+        return False
 
 
 def build_parser() -> argparse.ArgumentParser:
