@@ -21,11 +21,19 @@ ENGINE_NAMES: list[str] = ["torch", "mlx"]
 """What ``tts.engine`` may name: the built-in engines, and those registered in this process
 (``tts.registry.register_engine`` adds to it; the configuration imports no engine)."""
 NOT_CONFIG_ENV = frozenset(
-    {"S2S_CONFIG", "S2S_BENCH_REFERENCE_PYTHON", "S2S_BENCH_DOC", "S2S_PREPARED_CACHE", "S2S_VOICE_CACHE"}
+    {
+        "S2S_CONFIG",
+        "S2S_BENCH_REFERENCE_PYTHON",
+        "S2S_BENCH_DOC",
+        "S2S_PREPARED_CACHE",
+        "S2S_VOICE_CACHE",
+        "S2S_BUILD_LOCK_WAIT_S",
+    }
 )
 """``S2S_`` variables that are not configuration keys: the file's path, the benchmark's qwen-tts
 python, the performance page the benchmarks write (which a daemon they start inherits), the torch
-engine's prepared-weights and clone-prompt folders."""
+engine's prepared-weights and clone-prompt folders, the bound of a wait for another process's
+build (``build_lock.py``)."""
 NOT_CONFIG_ENV_PREFIXES = ("S2S_GPU_", "S2S_CONTAINER_")
 """Families of them: ``scripts/gpu_check.sh``'s settings, the container checks' (``scripts/container_base.sh``)."""
 

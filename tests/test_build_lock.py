@@ -77,6 +77,12 @@ def test_a_lock_whose_holder_was_killed_is_taken_at_once(tmp_path: Path) -> None
         assert waited == 0.0
 
 
+def test_the_wait_bound_is_no_configuration_key() -> None:
+    from s2s_daemon.config import load_config
+
+    assert load_config(None, {build_lock.WAIT_ENV: "5"}).site_id == "default"  # not "unknown key"
+
+
 def test_the_wait_bound_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(build_lock.WAIT_ENV, "2.5")
     assert build_lock.wait_s() == 2.5
