@@ -141,11 +141,17 @@ class Daemon:
             journal.on_commit = self.metrics.journal_committed
         try:
             self.readiness.enter(Phase.LOADING)
-            worker, info = await load_engine(cfg, on_wedged=self._engine_wedged)
+            loaded = await self._load_unless_stopped()
         except BaseException:
             if journal is not None:
                 journal.close()
             raise
+        if loaded is None:  # stopped while loading
+            if journal is not None:
+                journal.close()
+            self.notifier.close()
+            return EXIT_OK
+        worker, info = loaded
         self.metrics.engine_loaded(info, worker.busy_s)
         sink: AudioSink | None = None
         try:
@@ -177,6 +183,33 @@ class Daemon:
             if broker is not None:
                 await broker.stop()
             self.notifier.close()
+
+    async def _load_unless_stopped(self) -> tuple[EngineWorker, EngineInfo] | None:
+        """The engine, loaded; None when a stop came first. A load still running then gets
+        ``shutdown.drain_timeout_s`` to end (and is closed); after that it is left on its thread
+        (a daemon thread: the process exits without it), so that a start waiting on a build
+        (``build_lock``) or a slow disk ends when asked to."""
+        load = asyncio.ensure_future(load_engine(self.config, on_wedged=self._engine_wedged))
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({load, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            load.cancel()
+            raise
+        finally:
+            stop.cancel()
+        if load.done():
+            return load.result()
+        timeout_s = self.config.shutdown.drain_timeout_s
+        log.info("stopping_while_loading", timeout_s=timeout_s)
+        await asyncio.wait({load}, timeout=timeout_s)
+        if not load.done():
+            load.cancel()
+            log.warning("load_abandoned", reason="stopped while the engine was loading", timeout_s=timeout_s)
+            return None
+        worker, _ = load.result()  # a load that failed meanwhile exits with its own code
+        await worker.close()
+        return None
 
     def _journal(self) -> RequestJournal | None:
         cfg = self.config

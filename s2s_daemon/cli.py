@@ -14,7 +14,7 @@ import structlog
 
 from s2s_daemon import __version__
 from s2s_daemon.config import DaemonConfig, load_config
-from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, DaemonError
+from s2s_daemon.errors import EXIT_INTERRUPTED, EXIT_OK, DaemonError
 from s2s_daemon.logs import configure_logging
 from s2s_daemon.tts.threads import prepare_openmp
 
@@ -50,8 +50,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from s2s_daemon import preflight
 
     config = _load(args)
-    if not args.schema_only:
-        preflight.require(config)
+    preflight.require(config, files=not args.schema_only)
     source = _config_path(args.config) or "defaults"
     verdict = f"{source}: valid (engine {config.tts.engine}, model {config.tts.model}, sink {config.audio.sink})"
     if args.schema_only:
@@ -142,9 +141,22 @@ def cmd_text(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+EMBEDDED_GONE = (
+    "nothing to clear on {where}: the embedded broker (mqtt.broker: embedded) runs inside the daemon and"
+    " keeps its retained messages in memory, so the discovery configs ended with the daemon. Home Assistant"
+    " keeps the entities it knew until it is told otherwise: start the daemon with ha.discovery: false"
+    " (it clears them on connect), or delete the device in Home Assistant"
+)
+"""``ha remove`` with the embedded broker and no daemon running: there is no broker to clear."""
+
+
 def cmd_ha_remove(args: argparse.Namespace) -> int:
     config = _load(args)
     from s2s_daemon.events.discovery import remove_discovery
+
+    if config.mqtt.broker == "embedded" and not _listening(config.mqtt.host, config.mqtt.port):
+        print(EMBEDDED_GONE.format(where=f"{config.mqtt.host}:{config.mqtt.port}"))
+        return EXIT_OK
 
     cleared = asyncio.run(remove_discovery(config))
     print(f"cleared {len(cleared)} Home Assistant discovery configs on {config.mqtt.host}:{config.mqtt.port}:")
@@ -153,6 +165,17 @@ def cmd_ha_remove(args: argparse.Namespace) -> int:
     if config.ha.discovery:
         print("note: ha.discovery is true here: a daemon running with it announces them again on its next connect")
     return EXIT_OK
+
+
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port`` now."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return True
+    except OSError:
+        return False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -239,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DaemonError as exc:
         print(f"s2s-daemon: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        return EXIT_FAILURE
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handler took over (loading)
+        print("s2s-daemon: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return code

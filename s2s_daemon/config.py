@@ -16,15 +16,25 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from s2s_daemon.errors import ConfigError
 
 ENV_PREFIX = "S2S_"
+AUTO_VOICE = "auto"
+"""``tts.voice: auto``: the model's own default voice."""
 ENGINE_NAMES: list[str] = ["torch", "mlx"]
 """What ``tts.engine`` may name: the built-in engines, and those registered in this process
 (``tts.registry.register_engine`` adds to it; the configuration imports no engine)."""
 NOT_CONFIG_ENV = frozenset(
-    {"S2S_CONFIG", "S2S_BENCH_REFERENCE_PYTHON", "S2S_BENCH_DOC", "S2S_PREPARED_CACHE", "S2S_VOICE_CACHE"}
+    {
+        "S2S_CONFIG",
+        "S2S_BENCH_REFERENCE_PYTHON",
+        "S2S_BENCH_DOC",
+        "S2S_PREPARED_CACHE",
+        "S2S_VOICE_CACHE",
+        "S2S_BUILD_LOCK_WAIT_S",
+    }
 )
 """``S2S_`` variables that are not configuration keys: the file's path, the benchmark's qwen-tts
 python, the performance page the benchmarks write (which a daemon they start inherits), the torch
-engine's prepared-weights and clone-prompt folders."""
+engine's prepared-weights and clone-prompt folders, the bound of a wait for another process's
+build (``build_lock.py``)."""
 NOT_CONFIG_ENV_PREFIXES = ("S2S_GPU_", "S2S_CONTAINER_")
 """Families of them: ``scripts/gpu_check.sh``'s settings, the container checks' (``scripts/container_base.sh``)."""
 
@@ -124,8 +134,9 @@ class TtsConfig(Section):
     model: str = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
     """Hub id or local folder in the official layout."""
     revision: str | None = None
-    voice: str | None = "Ryan"
-    """A preset speaker or a voice of the library (``voices_dir``)."""
+    voice: str | None = "auto"
+    """A preset speaker or a voice of the library (``voices_dir``); ``auto`` (or none): the model's
+    own default (``named_voice``)."""
     voices_dir: Path | None = None
     """The voice library: None is ``$XDG_DATA_HOME/s2s-daemon/voices`` (``~/.local/share/s2s-daemon/voices``)."""
     language: str = "auto"
@@ -146,6 +157,9 @@ class TtsConfig(Section):
     max_utterance_s: float = Field(300.0, gt=0, le=86_400)
     """Engine time one request may take, all its sentences together (time it waits for playback or
     for a streamed text's next piece does not count); past it the request fails ``engine_error``."""
+    runaway_margin: float = Field(2.0, ge=0, le=20)
+    """A piece of text may take this many times its typical speaking time (plus 1.5 s) before it
+    is cut as a runaway, as are a loop and a long silence (``tts/runaway.py``); 0: never cut."""
     max_streams: int = Field(4, ge=1, le=8)
     """Requests synthesized at once: the speaker's one at a time, in order, and callers' (HTTP,
     Wyoming) beside it; 1: one request after another, in queue order."""
@@ -161,6 +175,13 @@ class TtsConfig(Section):
         if isinstance(value, dict):
             return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items() if v is not None}
         return value
+
+    @property
+    def named_voice(self) -> str | None:
+        """The voice ``voice`` names; None for ``auto``: the model's own then (``wiring.model_voice``:
+        Ryan or its first preset speaker, else the first library voice it can speak, else none)."""
+        voice = self.voice
+        return None if voice is None or not voice.strip() or voice.strip().lower() == AUTO_VOICE else voice
 
     @field_validator("engine")
     @classmethod
@@ -498,6 +519,51 @@ def _format_error(file_data: dict[str, Any], file_label: str, env: EnvOverrides,
     return "\n".join(lines)
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping names a key twice: YAML keeps the last one silently, which hides a mistake."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping, naming it and its lines."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.setdefault(key, line)
+            except TypeError:  # an unhashable key: the base class says so
+                continue
+            if first != line:
+                where = ".".join([*self._path(node), str(key)])
+                raise DuplicateKeyError(f"{where}: the key is given twice (lines {first} and {line}); keep one")
+        return super().construct_mapping(node, deep=deep)
+
+    def _path(self, node: yaml.Node) -> list[str]:
+        """The keys leading to ``node`` from the document's root (for the message)."""
+        return _paths(self.get_single_node_root(), node) or []
+
+    def get_single_node_root(self) -> yaml.Node | None:
+        return getattr(self, "_root", None)
+
+    def compose_document(self) -> yaml.Node | None:
+        self._root: yaml.Node | None = super().compose_document()
+        return self._root
+
+
+def _paths(root: yaml.Node | None, target: yaml.Node, path: list[str] | None = None) -> list[str] | None:
+    path = path or []
+    if root is target:
+        return path
+    if isinstance(root, yaml.MappingNode):
+        for key_node, value_node in root.value:
+            found = _paths(value_node, target, [*path, str(key_node.value)])
+            if found is not None:
+                return found
+    return None
+
+
 def load_config(path: Path | None = None, environ: Mapping[str, str] | None = None) -> DaemonConfig:
     """Read YAML (or defaults when ``path`` is None), apply ``S2S_`` overrides, validate."""
     environ = os.environ if environ is None else environ
@@ -510,7 +576,9 @@ def load_config(path: Path | None = None, environ: Mapping[str, str] | None = No
         except UnicodeDecodeError as exc:
             raise ConfigError(f"configuration {path} is not UTF-8: {exc}") from exc
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+        except DuplicateKeyError as exc:
+            raise ConfigError(f"configuration {path}: {exc}") from exc
         except yaml.YAMLError as exc:
             raise ConfigError(f"configuration {path} is not valid YAML: {exc}") from exc
         if data is None:

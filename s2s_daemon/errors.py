@@ -10,6 +10,10 @@ EXIT_DATAERR = 65
 """EX_DATAERR: an input file is not what the command needs (a recording it cannot read, or silence)."""
 EXIT_NOINPUT = 66
 """EX_NOINPUT: an input file does not exist or cannot be read."""
+EXIT_CANTCREAT = 73
+"""EX_CANTCREAT: an output file cannot be made (``say --out`` where nothing can be written)."""
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT: a command stopped by Ctrl-C, as a shell reports it."""
 EXIT_UNAVAILABLE = 69
 """EX_UNAVAILABLE: a required service or component is missing."""
 EXIT_SOFTWARE = 70
@@ -55,3 +59,9 @@ class UnavailableError(DaemonError):
     """A required component (an extra, a device, a broker) is unavailable."""
 
     exit_code = EXIT_UNAVAILABLE
+
+
+class CantCreateError(DaemonError):
+    """An output file cannot be made or written."""
+
+    exit_code = EXIT_CANTCREAT

@@ -16,8 +16,10 @@ import importlib.util
 import os
 import re
 import socket
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from s2s_daemon.config import DaemonConfig
 from s2s_daemon.errors import ConfigError, DaemonError, UnavailableError
@@ -41,25 +43,31 @@ class Finding:
         return f"{self.key}: {self.message}"
 
 
-def findings(config: DaemonConfig) -> list[Finding]:
-    """Everything wrong with ``config`` outside the schema, settings first."""
-    found = [
-        *_model(config),
-        *_voices_dir(config),
-        *_mqtt_files(config),
-        *_http_key(config),
-        *_extras(config),
-        *_isa(config),
-        *_journal(config),
-        *_wav_dir(config),
-        *_ports(config),
-    ]
+def findings(config: DaemonConfig, files: bool = True) -> list[Finding]:
+    """Everything wrong with ``config`` outside the schema, settings first; ``files=False``: only
+    what the values say by themselves (the engine's options and extra, the language), not the
+    files, folders, devices and ports they name (``check-config --schema-only``)."""
+    found = [*_engine(config), *_language(config)]
+    if files:
+        found += [
+            *_model(config),
+            *_voice(config),
+            *_voices_dir(config),
+            *_mqtt_files(config),
+            *_http_key(config),
+            *_extras(config),
+            *_isa(config),
+            *_journal(config),
+            *_wav_dir(config),
+            *_microphone(config),
+            *_ports(config),
+        ]
     return sorted(found, key=lambda f: f.unavailable)
 
 
-def require(config: DaemonConfig) -> None:
+def require(config: DaemonConfig, files: bool = True) -> None:
     """Raise ``ConfigError`` (any wrong setting) or ``UnavailableError`` listing every finding."""
-    found = findings(config)
+    found = findings(config, files)
     if not found:
         return
     lines = "\n".join(f"  {finding}" for finding in found)
@@ -102,6 +110,105 @@ def _model(config: DaemonConfig) -> list[Finding]:
     missing = [name for name in needed if not (folder / name).is_file()]
     if missing:
         return [Finding("tts.model", f"{model}: not a checkpoint in the official layout (no {', '.join(missing)})")]
+    return []
+
+
+# -- the engine, the model's voices and languages ----------------------------------------------
+
+
+def _engine(config: DaemonConfig) -> list[Finding]:
+    """The engine's extra (what ``run`` would refuse at load, exit 69) and its ``tts.options``
+    against the schema it declares (``OptionsSchema``: a wrong value or an unknown key, exit 78)."""
+    from s2s_daemon.tts.registry import missing_extra, options_schema
+
+    out: list[Finding] = []
+    missing = missing_extra(config.tts.engine)
+    if missing is not None:
+        out.append(Finding("tts.engine", missing, unavailable=True))
+    schema = options_schema(config.tts.engine)
+    if schema is not None:
+        out += [Finding(key, message) for key, message in schema.problems(config.tts.options)]
+    return out
+
+
+def checkpoint_facts(config: DaemonConfig) -> Any:
+    """The checkpoint's ``ModelConfig`` (mode, preset speakers, languages) when its ``config.json``
+    is on this machine (a local folder, or the hub's cache), else None; no torch is imported.
+    ``CheckpointError`` when a local one is not a Qwen3-TTS checkpoint (the torch engine refuses it)."""
+    if config.tts.engine not in CHECKPOINT_FILES:
+        return None
+    from s2s_daemon.tts.torch_qwen3.config import load_model_config
+
+    model = config.tts.model
+    if is_local_model(model):
+        folder = Path(model).expanduser()
+        return load_model_config(folder) if (folder / "config.json").is_file() else None
+    cached = _hub_cached_folder(model, config.tts.revision)
+    if cached is None:
+        return None
+    from s2s_daemon.tts.engine import CheckpointError
+
+    try:
+        return load_model_config(cached)
+    except CheckpointError:  # the engine fetches it again
+        return None
+
+
+def _hub_cached_folder(model: str, revision: str | None) -> Path | None:
+    """The hub cache's snapshot folder of ``model`` when its ``config.json`` is there."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(model, "config.json", revision=revision)
+    except (ValueError, OSError):  # not a repository id the hub takes
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def _facts(config: DaemonConfig) -> tuple[Any, list[Finding]]:
+    from s2s_daemon.tts.engine import CheckpointError
+
+    try:
+        return checkpoint_facts(config), []
+    except CheckpointError as exc:
+        if config.tts.engine == "torch":
+            return None, [Finding("tts.model", str(exc))]
+        return None, []  # another engine's reader decides
+
+
+def _language(config: DaemonConfig) -> list[Finding]:
+    """``tts.language`` against the model's languages (its ``config.json`` when it is here), else
+    against every language Qwen3-TTS speaks."""
+    from s2s_daemon.pipeline.vocabulary import LANGUAGE_ALIASES, EngineError, normalize_language
+
+    if config.tts.engine not in CHECKPOINT_FILES:
+        return []  # a registered engine: its languages are known once it is loaded
+    facts, _ = _facts(config)
+    languages = facts.languages if facts is not None else ("auto", *sorted(set(LANGUAGE_ALIASES.values()) - {"auto"}))
+    try:
+        normalize_language(config.tts.language, languages)
+    except EngineError as exc:
+        return [Finding("tts.language", str(exc))]
+    return []
+
+
+def _voice(config: DaemonConfig) -> list[Finding]:
+    """``tts.voice`` against the model's preset speakers and the library voices it can speak
+    (when the model's ``config.json`` is on this machine); a broken local checkpoint config."""
+    facts, found = _facts(config)
+    voice = config.tts.named_voice
+    if facts is None or voice is None or found:
+        return found
+    from s2s_daemon.pipeline.vocabulary import EngineError
+    from s2s_daemon.pipeline.voices import VoiceLibrary, check_voice, default_voices_dir
+
+    library = VoiceLibrary(config.tts.voices_dir or default_voices_dir(), facts.mode)
+    try:
+        check_voice(voice, facts.voices, library)
+    except EngineError as exc:
+        return [Finding("tts.voice", str(exc))]
     return []
 
 
@@ -178,16 +285,36 @@ def _writable_folder(key: str, folder: Path, target: Path | None = None, hint: s
     what = f"{target}: " if target is not None else f"{folder}: "
     if folder.exists():
         why = "" if folder.is_dir() else f"{folder} is not a folder"
-        if not why and not os.access(folder, os.W_OK | os.X_OK):
-            why = f"this user cannot write into {folder}"
+        if not why and (failed := _cannot_write(folder)):
+            why = f"this user cannot write into {folder} ({failed})"
     else:
         base = _nearest_existing(folder)
         why = ""
         if not base.is_dir():
             why = f"{folder} cannot be made: {base} is not a folder"
-        elif not os.access(base, os.W_OK | os.X_OK):
-            why = f"{folder} cannot be made: this user cannot write into {base}"
+        elif failed := _cannot_make_in(base):
+            why = f"{folder} cannot be made: this user cannot make a folder in {base} ({failed})"
     return [Finding(key, what + why + hint, unavailable=True)] if why else []
+
+
+def _cannot_write(folder: Path) -> str | None:
+    """Why a file cannot be made in ``folder`` (tried: permissions alone do not tell, for root, a
+    read-only mount or ``/proc``), None when it can."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def _cannot_make_in(base: Path) -> str | None:
+    """Why a folder cannot be made in ``base`` (tried, then removed), None when it can."""
+    try:
+        made = tempfile.mkdtemp(dir=base, prefix=".s2s-check-")
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.rmdir(made)
+    return None
 
 
 def _journal(config: DaemonConfig) -> list[Finding]:
@@ -216,6 +343,23 @@ def _wav_dir(config: DaemonConfig) -> list[Finding]:
     if audio.sink != "wav" or audio.wav_dir is None:
         return []
     return _writable_folder("audio.wav_dir", audio.wav_dir)
+
+
+def _microphone(config: DaemonConfig) -> list[Finding]:
+    """``vad.enabled``: an input device (``vad.device``) and webrtcvad, as ``run`` opens them."""
+    if not config.vad.enabled:
+        return []
+    if importlib.util.find_spec("webrtcvad") is None:
+        return [Finding("vad.enabled", "needs the webrtcvad package: pip install 's2s-daemon[audio]'", True)]
+    from s2s_daemon.audio.devices import resolve_device
+    from s2s_daemon.audio.sink import AudioDeviceError
+
+    try:
+        resolve_device(config.vad.device, "input")
+    except AudioDeviceError as exc:
+        key = "vad.device" if config.vad.device is not None else "vad.enabled"
+        return [Finding(key, f"no microphone: {exc}", unavailable=True)]
+    return []
 
 
 # -- ports ------------------------------------------------------------------------------------

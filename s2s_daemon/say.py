@@ -8,24 +8,35 @@ import asyncio
 import codecs
 import functools
 import json
+import os
+import signal
 import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import structlog
 
-from s2s_daemon.audio.sink import AudioDeviceError, AudioSink, WavSink
+from s2s_daemon.audio.sink import AudioDeviceError, AudioSink, DiscardSink, WavSink
 from s2s_daemon.config import DaemonConfig
-from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError, UnavailableError
+from s2s_daemon.errors import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    CantCreateError,
+    ConfigError,
+    DataError,
+    UnavailableError,
+    UsageError,
+)
 from s2s_daemon.events.publisher import latency_payload
 from s2s_daemon.intake.schemas import parse_say, parse_stream_piece
 from s2s_daemon.pipeline.jobs import Job
-from s2s_daemon.pipeline.messages import Status
+from s2s_daemon.pipeline.messages import ErrorCode, Status
 from s2s_daemon.pipeline.textfeed import TextFeed
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice
-from s2s_daemon.pipeline.voices import VoiceLibrary
+from s2s_daemon.pipeline.voices import VoiceLibrary, check_voice, model_voice
 from s2s_daemon.tts.engine import SynthesisRequest
 from s2s_daemon.wiring import build_pipeline, load_engine, voice_library
 
@@ -58,32 +69,22 @@ class LogEvents:
 def default_voice(
     config: DaemonConfig, cli_voice: str | None, info: EngineInfo, library: VoiceLibrary | None = None
 ) -> str | None:
-    """The voice to speak in: ``--voice`` wins; then a ``tts.voice`` the user configured; then the
-    model's first speaker when the built-in default ``tts.voice`` is not one of this model's. A name
-    that is no preset speaker may be a voice of ``library``."""
-    named = cli_voice if cli_voice is not None else config.tts.voice if "voice" in config.tts.model_fields_set else None
-    if library is not None and named is not None and named.strip().lower() not in {v.lower() for v in info.voices}:
-        try:
-            found = library.lookup(named)
-        except EngineError as exc:
-            raise ConfigError(f"{'--voice' if cli_voice is not None else 'tts.voice'}: {exc}") from exc
-        if found is not None:
-            return found.name
-    if cli_voice is None and not info.voices:
-        return None  # a Base or VoiceDesign model: no preset speakers
-    wanted: str | None
-    if cli_voice is not None:
-        key, wanted = "--voice", cli_voice
-    elif "voice" in config.tts.model_fields_set:
-        key, wanted = "tts.voice", config.tts.voice
-    else:
-        wanted = config.tts.voice
-        if wanted is None or wanted.lower() in {v.lower() for v in info.voices}:
-            return match_voice(wanted, info.voices, None)
-        log.info("voice_default", configured=wanted, model_voices=len(info.voices), voice=info.voices[0])
-        return info.voices[0]
+    """The voice to speak in: ``--voice`` wins; then ``tts.voice``; with neither (``auto``) the
+    model's own (``model_voice``: Ryan, else its first preset speaker, else the library's first voice
+    it can speak). A name that is no preset speaker may be a voice of ``library``."""
+    named = cli_voice if cli_voice is not None else config.tts.named_voice
+    if named is None:
+        chosen = model_voice(info.voices, library)
+        log.info("voice_default", voice=chosen, model_voices=len(info.voices), mode=info.mode)
+        return chosen
+    key = "--voice" if cli_voice is not None else "tts.voice"
     try:
-        return match_voice(wanted, info.voices, None)
+        if library is not None:
+            check_voice(named, info.voices, library)
+            found = library.lookup(named) if named.strip().lower() not in {v.lower() for v in info.voices} else None
+            if found is not None:
+                return found.name
+        return match_voice(named, info.voices, None)
     except EngineError as exc:
         raise ConfigError(f"{key}: {exc}") from exc
 
@@ -97,8 +98,17 @@ def read_stdin(feed: TextFeed, stream: BinaryIO | None = None) -> threading.Thre
     """Standard input into ``feed``, piece by piece as it comes (a pipe from an LLM's client),
     until its end. A daemon thread: a writer that never stops does not keep the process alive
     once the request has ended (stopped, too long)."""
-    source = stream if stream is not None else sys.stdin.buffer
-    read = getattr(source, "read1", source.read)
+    if stream is not None:
+        read = getattr(stream, "read1", stream.read)
+    else:
+        # The file descriptor itself, not sys.stdin.buffer: a thread blocked in a buffered read
+        # holds its lock, and the interpreter's exit (a Ctrl-C while the writer is still at it)
+        # then aborts on it ("Fatal Python error: _enter_buffered_busy").
+        fd = sys.stdin.fileno()
+
+        def read(size: int) -> bytes:
+            return os.read(fd, size)
+
     loop = asyncio.get_running_loop()
 
     def pump() -> None:
@@ -123,7 +133,47 @@ def read_stdin(feed: TextFeed, stream: BinaryIO | None = None) -> threading.Thre
     return thread
 
 
+def check_before_loading(args: argparse.Namespace) -> None:
+    """What ``say`` can refuse before the model loads: an empty text (64), an ``--out`` that
+    cannot be written (73: tried, so that the audio is not made for nothing)."""
+    if args.text != "-" and not args.text.strip():
+        raise UsageError("say: the text is empty: give the text to speak, or - to speak standard input")
+    out: Path | None = args.out
+    if out is None:
+        return
+    existed = out.exists()
+    try:
+        if not out.parent.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("ab"):
+            pass
+    except OSError as exc:
+        raise CantCreateError(f"--out {out}: cannot write it ({exc.strerror or exc})") from exc
+    if not existed:
+        out.unlink(missing_ok=True)
+
+
+HINTS = {
+    ErrorCode.UNKNOWN_VOICE: "--voice NAME (a preset speaker or a library voice: s2s-daemon voices list)",
+    ErrorCode.UNSUPPORTED_LANGUAGE: "--language NAME",
+    ErrorCode.EMPTY_TEXT: "the text to speak, or - for standard input",
+}
+"""The flag that mends a refused request, by its error code (``say``'s message)."""
+
+
+def refused(code: ErrorCode, message: str) -> UsageError | DataError:
+    """A request ``say`` could not make, as one plain line and a sysexits code: 64 and the flag to
+    use for what the command line can mend, 65 for the text itself (too long)."""
+    hint = HINTS.get(code)
+    if hint is None:
+        return DataError(f"say: {message}")
+    if code is ErrorCode.UNKNOWN_VOICE:
+        hint += "; or clone one with --ref-audio FILE.wav"
+    return UsageError(f"say: {message} (use {hint})")
+
+
 async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
+    check_before_loading(args)
     # The voice is checked against the model here, after loading, where --voice is known.
     unchecked = config.model_copy(update={"tts": config.tts.model_copy(update={"voice": None})})
     worker, info = await load_engine(unchecked)
@@ -166,19 +216,68 @@ async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
         else:
             parsed = parse_say(json.dumps({"text": args.text, **fields}).encode(), pipeline.rules, origin="cli")
         if parsed.error is not None:
-            log.error("request_rejected", code=str(parsed.error.code), reason=parsed.error.message)
-            return EXIT_FAILURE
+            raise refused(parsed.error.code, parsed.error.message)
         pipeline.ledger.submit(parsed.request)
         pipeline.requests.close()
         if feed is not None:
             read_stdin(feed)
-        await pipeline.run()
+        with CtrlC(pipeline.ledger) as interrupted:
+            await pipeline.run()
         job = events.finished_job
+        if interrupted:
+            return _interrupted(job, args.out)
         if job is None:
             return EXIT_FAILURE
         log.info("latency", **latency_payload(job, info))
         if args.out is not None and job.status is Status.COMPLETED:
             print(f"wrote {args.out} ({job.timeline.audio_s:.2f} s of audio)")
+        elif isinstance(sink, DiscardSink) and config.audio.sink != "discard":
+            print(
+                f"s2s-daemon: no sound device: {job.timeline.audio_s:.2f} s of audio made and discarded;"
+                " write it to a file with --out FILE.wav",
+                file=sys.stderr,
+            )
+        if job.status is not Status.COMPLETED and job.error is not None:
+            if job.error.code in HINTS:
+                raise refused(job.error.code, job.error.message)
+            print(f"s2s-daemon: say: {job.error.message} ({job.error.code})", file=sys.stderr)
         return EXIT_OK if job.status is Status.COMPLETED else EXIT_FAILURE
     finally:
         await worker.close()
+
+
+class CtrlC:
+    """Ctrl-C while ``say`` speaks: stop the request (what was made is played or written), then
+    exit 130; a second Ctrl-C exits at once. ``bool(self)``: whether it came."""
+
+    def __init__(self, ledger: Any) -> None:
+        self.ledger = ledger
+        self.count = 0
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def __enter__(self) -> CtrlC:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
+
+    def _on_sigint(self) -> None:
+        self.count += 1
+        if self.count > 1:
+            print("s2s-daemon: interrupted again: exiting now", file=sys.stderr, flush=True)
+            os._exit(EXIT_INTERRUPTED)
+        self.ledger.stop_all()
+
+
+def _interrupted(job: Job | None, out: Path | None) -> int:
+    made_s = job.timeline.audio_s if job is not None else 0.0
+    if out is not None and out.exists() and made_s > 0:
+        print(f"s2s-daemon: interrupted: wrote {out} ({made_s:.2f} s of audio, what was made)", file=sys.stderr)
+    elif out is not None:
+        print(f"s2s-daemon: interrupted before any audio was made: {out} not written", file=sys.stderr)
+    else:
+        print(f"s2s-daemon: interrupted ({made_s:.2f} s of audio made; the rest dropped)", file=sys.stderr)
+    return EXIT_INTERRUPTED

@@ -45,7 +45,14 @@ from s2s_daemon.pipeline.outbox import DurableRequests, Outbox
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice, normalize_language
-from s2s_daemon.pipeline.voices import VoiceKind, VoiceLibrary, default_voices_dir
+from s2s_daemon.pipeline.voices import (
+    VoiceKind,
+    VoiceLibrary,
+    check_voice,
+    default_voices_dir,
+    library_choices,
+    model_voice,
+)
 from s2s_daemon.tts.engine import (
     CheckpointError,
     ModelUnavailableError,
@@ -96,18 +103,9 @@ async def load_engine(
         await worker.close()
         raise UnavailableError(f"engine {config.tts.engine!r} failed to load {config.tts.model!r}: {exc}") from exc
     try:
-        voice = config.tts.voice
-        if voice is not None and voice.strip().lower() not in {v.lower() for v in info.voices}:
-            if info.voices:
-                if voice_library(config, info).lookup(voice) is None:
-                    match_voice(voice, info.voices, None)
-            elif "voice" in config.tts.model_fields_set:  # no presets: it must be a library voice
-                library = voice_library(config, info)
-                if library.lookup(voice) is None:
-                    raise UnknownVoiceError(
-                        f"voice {voice!r} is not in the voice library ({library.root}) and this"
-                        f" {info.mode} model has no preset speakers; {_library_choices(library)}"
-                    )
+        voice = config.tts.named_voice  # None: auto, the model's own (build_rules)
+        if voice is not None:
+            check_voice(voice, info.voices, voice_library(config, info))
         normalize_language(config.tts.language, info.languages)
     except EngineError as exc:
         await worker.close()
@@ -121,18 +119,11 @@ def voice_library(config: DaemonConfig, info: EngineInfo) -> VoiceLibrary:
     return VoiceLibrary(config.tts.voices_dir or default_voices_dir(), info.mode)
 
 
-def _library_choices(library: VoiceLibrary) -> str:
-    names = [name for name, kind in library.names().items() if kind is VoiceKind.CLONE]
-    if names:
-        return f"its clone voices: {', '.join(names)}"
-    return "make one with: s2s-daemon voices add NAME --ref-audio FILE.wav --ref-text 'what it says'"
-
-
-def no_default_voice(config: DaemonConfig, info: EngineInfo, library: VoiceLibrary, voice: str | None) -> str | None:
+def no_default_voice(info: EngineInfo, library: VoiceLibrary, voice: str | None) -> str | None:
     """Why requests to this model must name a voice, or None. A Base model clones a recording and
-    has no voice of its own: without ``tts.voice`` naming a library voice (or a ``say --ref-audio``)
-    there is nothing to speak with, and a request that names no voice is refused, saying how to
-    make one, rather than spoken in a voice the model was never given."""
+    has no voice of its own: without a library voice (``tts.voice``, else the library's first, or
+    a ``say --ref-audio``) there is nothing to speak with, and a request that names no voice is
+    refused, saying how to make one, rather than spoken in a voice the model was never given."""
     if info.mode != "base" or info.voices:
         return None
     try:
@@ -142,7 +133,7 @@ def no_default_voice(config: DaemonConfig, info: EngineInfo, library: VoiceLibra
         pass
     return (
         "this Base model speaks cloned voices only and has no default voice: name a library voice in"
-        f" the request, or set tts.voice to one ({_library_choices(library)})"
+        f" the request, or set tts.voice to one ({library_choices(library)})"
     )
 
 
@@ -186,9 +177,11 @@ def build_rules(
     """The rules every intake checks a request against; ``default_voice`` overrides ``tts.voice``
     (``say --voice``)."""
     library = voice_library(config, info)
-    voice = config.tts.voice if default_voice is None else default_voice
+    voice = config.tts.named_voice if default_voice is None else default_voice
+    if voice is None:  # tts.voice: auto
+        voice = model_voice(info.voices, library)
     cloning = template is not None and template.ref_audio is not None  # say --ref-audio
-    no_default = None if cloning else no_default_voice(config, info, library, voice)
+    no_default = None if cloning else no_default_voice(info, library, voice)
     if no_default is not None:
         voice = None
         log.warning("no_default_voice", model=info.model, mode=info.mode, requests_without_a_voice=no_default)
@@ -255,6 +248,7 @@ def build_pipeline(
         pacer=pacer,
         max_streams=config.tts.max_streams,
         paced_speaker=realtime,
+        runaway_margin=config.tts.runaway_margin,
     )
     playback = PlaybackStage(sink, utterances, ledger, pacer)
     return Pipeline(requests, ledger, rules, tts, playback, library)

@@ -429,6 +429,87 @@ def door_say(work: Path, env: dict[str, str]) -> str:
     return f"wrote {seconds:.2f} s; a Base model without a voice says how to give it one"
 
 
+def door_say_ctrl_c(work: Path, env: dict[str, str]) -> str:
+    """``llm | s2s-daemon say -`` stopped with Ctrl-C while its writer is still at it: exit 130, what
+    was made written, no interpreter abort (it was SIGABRT, ``_enter_buffered_busy``)."""
+    out = work / "stdin.wav"
+    proc = subprocess.Popen(
+        [*CLI, "say", "-", "--model", str(work / "tiny"), "--out", str(out)],
+        cwd=REPO,
+        env={**env, "S2S_LOG__FORMAT": "json", "S2S_TTS__OPTIONS__MAX_FRAMES": MAX_FRAMES},
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stderr is not None
+    proc.stdin.write("The first sentence is here. And the second one is still being writ")
+    proc.stdin.flush()
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while not any("audio_started" in line for line in list(lines)):
+        assert proc.poll() is None, f"exit {proc.returncode}: {tail(''.join(lines))}"
+        assert time.monotonic() < deadline, "no audio_started within 300 s"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # its input stays open
+    code = proc.wait(60)
+    reader.join(10)
+    proc.stdin.close()
+    said = "".join(lines)
+    assert "Fatal Python error" not in said, tail(said)
+    assert code == 130 and "s2s-daemon: interrupted" in said, f"exit {code}: {tail(said)}"
+    line = next(ln for ln in said.splitlines() if ln.startswith("s2s-daemon: interrupted"))
+    return f"exit 130: {line.removeprefix('s2s-daemon: ')}"
+
+
+def door_killed_build(work: Path, env: dict[str, str]) -> str:
+    """A first start killed while it prepares its weights (Ctrl-C, a service manager's start
+    timeout) must not hang the next one: ``say`` with a fresh prepared-weights folder, SIGKILL as
+    soon as it holds the folder's build lock, then a start that must finish (the native kernels
+    are built at install: nothing compiles at run time)."""
+    cache = work / "prepared"
+    out = str(work / "k.wav")
+    args = [*CLI, "say", "Hello.", "--model", str(work / "tiny"), "--quantization", "int8", "--out", out]
+    env = {**env, "S2S_TTS__OPTIONS__PREPARED_CACHE": str(cache)}
+    first = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(cache.glob(".lock-*")) and first.poll() is None:
+        assert time.monotonic() < deadline, "the first start never began to prepare its weights"
+        time.sleep(0.02)
+    killed = first.poll() is None
+    if killed:
+        os.killpg(first.pid, signal.SIGKILL)
+    first.wait(10)
+    began = time.monotonic()
+    second = run(args, env, 600)
+    assert second.returncode == 0, f"the start after the killed one: exit {second.returncode}: {tail(second.stderr)}"
+    how = "killed while preparing its weights" if killed else "the first start finished before the kill"
+    return f"{how}; the next start spoke in {time.monotonic() - began:.0f} s"
+
+
+def door_base_run(work: Path, env: dict[str, str], timeout_s: float) -> str:
+    """A Base model through the shipped configuration, as ``S2S_TTS__MODEL=... scripts/run`` runs it
+    (``s2s-daemon run -c configs/default.yaml``, without the install): it used to load, then exit 78
+    on ``voice: Ryan`` while check-config said valid."""
+    base = Daemon(work, "base-run", env)
+    base.env = {**env, "S2S_TTS__MODEL": str(work / "base"), "S2S_TTS__VOICES_DIR": str(work / "no-voices"),
+                "S2S_MQTT__PORT": str(base.mqtt_port)}  # fmt: skip
+    checked = run([*CLI, "check-config", "configs/default.yaml"], base.env)
+    assert checked.returncode == 0, f"check-config: exit {checked.returncode}: {tail(checked.stderr)}"
+    base.config = REPO / "configs" / "default.yaml"
+    try:
+        base.start()
+        took = base.wait_ready(timeout_s)
+        assert '"event": "no_default_voice"' in base.log(), "no no_default_voice warning"
+    finally:
+        code = base.stop()
+    assert code == 0, f"SIGTERM: exit {code}: {tail(base.log())}"
+    return f"check-config valid, ready after {took:.1f} s with no default voice (the warning), stopped 0"
+
+
 def door_voices(work: Path, env: dict[str, str]) -> str:
     recording = work / "me.wav"
     if shutil.which("espeak-ng"):
@@ -669,6 +750,9 @@ def main(argv: list[str] | None = None) -> int:
         if watch is not None:
             watch.stop()
     doors.check("say", lambda: door_say(work, env))
+    doors.check("say - ctrl-c", lambda: door_say_ctrl_c(work, env))
+    doors.check("base via run", lambda: door_base_run(work, env, args.timeout_s))
+    doors.check("killed build", lambda: door_killed_build(work, env))
     doors.check("voices", lambda: door_voices(work, env))
     doors.check("service", lambda: door_service(work, env))
     doors.check("bench", lambda: door_bench(work, env))

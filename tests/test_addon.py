@@ -59,7 +59,7 @@ def test_the_default_options_become_the_daemons_settings(addon: tuple[ModuleType
     run, _ = addon
     config = settings(run.daemon_environment(manifest()["options"], {}))
     assert config.tts.model == "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
-    assert config.tts.voice == "Ryan"
+    assert config.tts.voice == "auto" and config.tts.named_voice is None  # the model's own
     assert config.tts.language == "auto"
     assert config.tts.torch.quantization == "auto"
     assert config.log.level == "info"

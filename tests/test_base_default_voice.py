@@ -27,10 +27,12 @@ REF_WAV = FIXTURES / "golden" / "ref_espeak_24k.wav"
 SAY = "s2s/kitchen/tts/say"
 
 
-def base_config(tmp_path: Path, broker: Mosquitto, http_port: int, **tts: Any) -> Path:
+def base_config(tmp_path: Path, broker: Mosquitto, http_port: int, library: bool = True, **tts: Any) -> Path:
     voices = tmp_path / "voices"
-    (voices / "grandma").mkdir(parents=True)
-    shutil.copy(REF_WAV, voices / "grandma" / "ref.wav")
+    voices.mkdir()
+    if library:
+        (voices / "grandma").mkdir()
+        shutil.copy(REF_WAV, voices / "grandma" / "ref.wav")
     return write_config(
         tmp_path / "d.yaml",
         broker.port,
@@ -63,15 +65,27 @@ async def answers(tmp_path: Path, config: Path, http_port: int) -> tuple[dict[st
     return fin, status, (data, voices), logs
 
 
-async def test_without_tts_voice_a_request_must_name_one(tmp_path: Path, mosquitto: Mosquitto) -> None:
+async def test_without_a_library_voice_a_request_must_name_one(tmp_path: Path, mosquitto: Mosquitto) -> None:
     port = free_port()
-    fin, status, (data, voices), logs = await answers(tmp_path, base_config(tmp_path, mosquitto, port), port)
+    config = base_config(tmp_path, mosquitto, port, library=False)
+    fin, status, (data, voices), logs = await answers(tmp_path, config, port)
     assert fin["status"] == "rejected" and fin["error"]["code"] == "unknown_voice", fin
-    assert "no default voice" in fin["error"]["message"] and "grandma" in fin["error"]["message"]
+    assert "no default voice" in fin["error"]["message"] and "voices add NAME --ref-audio" in fin["error"]["message"]
     assert status == 400 and data["error"]["code"] == "unknown_voice" and "tts.voice" in data["error"]["message"]
     assert voices["default"] is None
     said = [e for e in logs if e["event"] == "no_default_voice"]
     assert said and "tts.voice" in said[0]["requests_without_a_voice"]
+
+
+async def test_tts_voice_auto_takes_the_librarys_voice(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """The shipped default (``tts.voice: auto``) follows the model: a Base model speaks the first
+    clone voice of the library (issue 41, item 5: ``voice: Ryan`` stopped its start with exit 78)."""
+    port = free_port()
+    fin, status, (data, voices), logs = await answers(tmp_path, base_config(tmp_path, mosquitto, port), port)
+    assert fin["status"] == "completed", fin
+    assert status == 200 and len(data) > 0
+    assert voices["default"] == "grandma"
+    assert [e["voice"] for e in logs if e["event"] == "default_voice"] == ["grandma"]
 
 
 async def test_tts_voice_naming_a_library_voice_is_the_default(tmp_path: Path, mosquitto: Mosquitto) -> None:

@@ -176,8 +176,9 @@ def test_auto_takes_the_codec_thread_only_with_two_threads_in_force(threads: str
 
 
 def test_an_unknown_overlap_value_is_refused_naming_the_option() -> None:
-    from s2s_daemon.tts.engine import EngineError
+    """A wrong setting (exit 78, the typed options of ``options.py``), not an engine failure (69)."""
+    from s2s_daemon.errors import ConfigError
 
     options = EngineOptions(model=str(CV), device="cpu", dtype="float32", extra={"codec_overlap": "sometimes"})
-    with pytest.raises(EngineError, match="codec_overlap 'sometimes' is not one of auto, on, off"):
+    with pytest.raises(ConfigError, match=r"tts\.options\.codec_overlap: 'sometimes': Input should be 'auto', 'on'"):
         TorchQwen3Engine(options).load_blocking()

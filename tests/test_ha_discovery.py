@@ -349,6 +349,20 @@ def test_ha_remove_without_a_broker_is_unavailable(tmp_path: Path) -> None:
     assert cli.main(["ha", "remove", "-c", str(path)]) == 69
 
 
+def test_ha_remove_with_the_embedded_broker_and_no_daemon_says_the_configs_ended_with_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: exit 69, "Connection refused" (issue 41, item 12)."""
+    from tests.support.broker import free_port
+
+    port = free_port()
+    path = write_config(tmp_path / "daemon.yaml", port, mqtt={"broker": "embedded", "port": port})
+    assert cli.main(["ha", "remove", "-c", str(path)]) == 0
+    said = capsys.readouterr().out
+    assert f"nothing to clear on 127.0.0.1:{port}: the embedded broker" in said
+    assert "the discovery configs ended with the daemon" in said and "ha.discovery: false" in said
+
+
 def test_ha_config_is_validated(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("ha: {discovery: true, prefx: ha}\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +234,19 @@ async def test_bad_input_keeps_its_id(tmp_path: Path, mosquitto: Mosquitto) -> N
         await rec.say(SAY, {"id": 17, "text": 5, "sessionId": "s"})
         fin = await rec.wait_finished(["17"])
         assert fin["17"]["error"]["code"] == "bad_payload" and fin["17"]["sessionId"] == "s"
+
+
+@pytest.mark.parametrize(
+    ("rid", "message"), [("", "id: must not be empty"), ("x" * 201, "id: must have at most 200 characters")]
+)
+async def test_a_bad_id_is_said_in_words(tmp_path: Path, mosquitto: Mosquitto, rid: str, message: str) -> None:
+    """Before: "id: Value should have at least 1 item after validation, not 0" (issue 41, item 12)."""
+    async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto)):
+        await online(rec)
+        await rec.client.publish(SAY, json.dumps({"id": rid, "text": "hi"}).encode(), qos=1)
+        await rec.wait_for(lambda: len(rec.finished()) == 1)
+        (bad,) = rec.finished().values()
+    assert bad["status"] == "rejected" and bad["error"] == {"code": "bad_payload", "message": message}
 
 
 async def test_queue_full(tmp_path: Path, mosquitto: Mosquitto) -> None:

@@ -167,3 +167,115 @@ async def test_a_second_daemon_names_the_first(tmp_path: Path, listening: int) -
     finally:
         second.cleanup()
         first.cleanup()
+
+
+# ----------------------------------------------------------------- what run refuses, check-config refuses first
+# (issue 41, item 9: these said "valid", then run failed: a traceback, exit 69, or an option ignored)
+
+TINY = REPO / "tests" / "fixtures" / "qwen3_tiny" / "custom_voice"
+
+
+def check_with_env(path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "s2s_daemon", "check-config", str(path), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean_env(), **env},
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("MAX_FRAMES", "abc", "tts.options.max_frames: 'abc': Input should be a valid integer"),
+        ("MAX_FRAMES", "0", "tts.options.max_frames: '0': Input should be greater than or equal to 1"),
+        ("MAX_BATCH", "0", "tts.options.max_batch: '0': Input should be greater than or equal to 1"),
+        ("CODEC_DTYPE", "foo", "tts.options.codec_dtype: 'foo': Input should be 'auto', 'float32' or 'bfloat16'"),
+        ("CODEC_OVERLAP", "maybe", "tts.options.codec_overlap: 'maybe': Input should be 'auto', 'on' or 'off'"),
+        ("MAX_FRAME", "4", "tts.options.max_frame: unknown option; did you mean max_frames? (known: codec_dtype,"),
+    ],
+)
+def test_the_engines_options_are_checked_against_the_schema_it_declares(
+    tmp_path: Path, variable: str, value: str, expected: str
+) -> None:
+    path = config_file(tmp_path, tts={"engine": "torch", "model": str(TINY)})
+    env = {f"S2S_TTS__OPTIONS__{variable}": value}
+    for args in ((), ("--schema-only",)):
+        result = check_with_env(path, env, *args)
+        assert result.returncode == 78, (args, result.stderr)
+        assert expected in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        ({"tts": {"language": "klingon"}}, "tts.language: language 'klingon' is not supported; choose one of auto,"),
+        ({"tts": {"voice": "bob"}}, "tts.voice: voice 'bob' is unknown; choose one of Serena, Vivian, Uncle_Fu, Ryan"),
+    ],
+)
+async def test_a_language_or_voice_the_model_lacks_is_refused_by_check_config_and_by_run_before_it_loads(
+    tmp_path: Path, sections: dict[str, Any], expected: str
+) -> None:
+    tts = {"engine": "torch", "model": str(TINY), "options": {}, **sections["tts"]}
+    path = config_file(tmp_path, tts=tts)
+    checked = check_config(path)
+    assert checked.returncode == 78, checked.stderr
+    assert expected in checked.stderr
+    daemon = DaemonProcess(write_config(tmp_path / "daemon.yaml", free_port(), tts=tts))
+    daemon.start()
+    try:
+        assert await daemon.wait(60) == 78
+    finally:
+        daemon.cleanup()
+    assert expected in daemon.log() and "engine_loading" not in daemon.log()
+
+
+def test_a_language_is_checked_without_the_model_at_hand(tmp_path: Path) -> None:
+    result = check_config(config_file(tmp_path, tts={"model": "Someone/not-downloaded", "language": "klingon"}))
+    assert result.returncode == 78 and "tts.language: language 'klingon' is not supported" in result.stderr
+    fine = check_config(config_file(tmp_path, tts={"model": "Someone/not-downloaded", "language": "de"}))
+    assert fine.returncode == 0, fine.stderr
+
+
+def test_a_key_given_twice_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "twice.yaml"
+    path.write_text("mqtt: {broker: external}\ntts:\n  voice: Ryan\n  language: en\n  voice: Vivian\n")
+    result = check_config(path)
+    assert result.returncode == 78, result.stderr
+    assert "tts.voice: the key is given twice (lines 3 and 5); keep one" in result.stderr
+
+
+def test_a_missing_engine_extra_is_refused_by_check_config_as_by_run(tmp_path: Path) -> None:
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "mlx.py").write_text("raise ImportError('mlx hidden by the test')\n")
+    result = check_with_env(
+        config_file(tmp_path, tts={"engine": "mlx"}), {"PYTHONPATH": f"{shim}{os.pathsep}{REPO}"}, "--schema-only"
+    )
+    assert result.returncode == 69, result.stderr
+    assert "tts.engine: engine 'mlx' needs the 'mlx' package" in result.stderr and "s2s-daemon[mlx]" in result.stderr
+
+
+def test_folders_that_cannot_be_made_are_refused_even_for_root(tmp_path: Path) -> None:
+    """Permissions do not stop root: the folder is tried (``/proc`` takes no new folder)."""
+    cases = [
+        ({"audio": {"sink": "wav", "wav_dir": "/proc/s2s/wav"}}, "audio.wav_dir: /proc/s2s/wav: /proc/s2s/wav cannot"),
+        ({"journal": {"enabled": True, "path": "/proc/s2s/j.sqlite3"}}, "journal.path: /proc/s2s/j.sqlite3: /proc/s2s"),
+    ]
+    for sections, expected in cases:
+        result = check_config(config_file(tmp_path, **sections))
+        assert result.returncode == 69, result.stderr
+        assert expected in result.stderr
+
+
+def test_vad_without_a_microphone_is_refused(tmp_path: Path) -> None:
+    env = {"XDG_RUNTIME_DIR": str(tmp_path), "PULSE_SERVER": "unix:/nonexistent", "HOME": str(tmp_path)}
+    result = check_with_env(config_file(tmp_path, vad={"enabled": True}), env)
+    if result.returncode == 0 and Path("/dev/snd").exists():
+        pytest.skip("this machine has a sound card")
+    assert result.returncode == 69, result.stderr
+    assert "vad.enabled: no microphone: no sound input device found" in result.stderr

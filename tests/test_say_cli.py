@@ -63,3 +63,29 @@ def test_say_names_the_unknown_voice_and_its_source(
     done = say(fine_tuned, tmp_path / "out.wav", *args, env=env)
     assert done.returncode == EXIT_CONFIG
     assert f"{key}: voice 'Ryan' is unknown; choose one of Kitchen_Anna, Hall_Bob" in done.stderr
+
+
+def _say(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
+    environ.update({"S2S_TTS__OPTIONS__MAX_FRAMES": "4", "S2S_LOG__LEVEL": "warning", **(env or {})})
+    command = [sys.executable, "-m", "s2s_daemon", "say", *args]
+    return subprocess.run(command, cwd=REPO, env=environ, capture_output=True, text=True, timeout=80)
+
+
+def test_a_base_model_without_a_voice_says_which_flag_to_use(tmp_path: Path) -> None:
+    base = REPO / "tests" / "fixtures" / "qwen3_tiny" / "base"
+    done = _say("Hello there.", "--model", str(base), "--out", str(tmp_path / "x.wav"),
+                env={"XDG_DATA_HOME": str(tmp_path / "data")})  # fmt: skip
+    assert done.returncode == 64, done.stderr  # before: exit 1 and JSON lines only
+    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("s2s-daemon:")]
+    assert "has no default voice" in line and "use --voice NAME" in line and "--ref-audio FILE.wav" in line
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_say_without_a_sound_device_says_the_audio_was_discarded(tmp_path: Path) -> None:
+    env = {"XDG_RUNTIME_DIR": str(tmp_path), "PULSE_SERVER": "unix:/nonexistent", "HOME": str(tmp_path)}
+    done = _say("Hello there.", "--model", str(TINY), "--greedy", env=env)
+    if "audio_sink_selected" not in done.stderr and Path("/dev/snd").exists():
+        pytest.skip("this machine has a sound card")
+    assert done.returncode == 0, done.stderr
+    assert "s2s-daemon: no sound device:" in done.stderr and "discarded" in done.stderr and "--out" in done.stderr

@@ -215,8 +215,11 @@ async def test_an_upload_gets_the_checks_of_voices_add_and_clear_errors(
         assert bad["code"] == "bad_voice_name" and bad["param"] == "name"
         short = (await post(_form(_audio_file(0.5), name="short"), 400))["error"]
         assert short["code"] == "reference_length" and "0.5 s" in short["message"] and short["param"] == "audio"
-        checked = await post(_form(_audio_file(0.5), dry_run="true"), 200)  # the page's check: nothing saved
+        checked = await post(_form(_audio_file(0.5), dry_run="true"), 422)  # the page's check: nothing saved
         assert checked["error"]["code"] == "reference_length" and checked["checks"]["seconds"] == 0.5
+        assert checked["error"]["param"] == "audio"  # before: 200 with the error inside (issue 41, item 12)
+        fine = await post(_form(wav, dry_run="true"), 200)
+        assert fine["error"] is None and fine["checks"]["seconds"] > 3
         await post(_form(_audio_file(0.5), name="short", force="true"), 201)  # force takes any length
         refused = await post(_form(_audio_file(silent=True), name="quiet"), 400)  # no voice to clone
         assert refused["error"]["code"] == "silent_reference", refused
@@ -335,6 +338,9 @@ async def test_the_event_stream_carries_what_mqtt_carries(
             assert said.status == 202 and await said.json() == {"id": "w1", "status": "queued"}
         async with session.post("/api/say", json={"text": "x", "voice": "Nobody"}) as refused:
             assert refused.status == 400 and (await _error(refused))["code"] == "unknown_voice"
+        for body, param in (({"text": ""}, "text"), ({"text": "x" * 3000}, "text"), ({"id": "", "text": "x"}, "id")):
+            async with session.post("/api/say", json=body) as refused:  # its own field names, not the speech API's
+                assert refused.status == 400 and (await _error(refused))["param"] == param, body
         async with asyncio.timeout(10):
             while {"m1", "w1"} - {p["id"] for k, p in seen if k == "latency"}:
                 seen.append(await anext(reader))

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import structlog
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
@@ -474,3 +475,14 @@ async def test_zeroconf_advertises_the_server(tmp_path: Path, mosquitto: Mosquit
         finally:
             await browser.async_cancel()
             await browser_zc.async_close()
+
+
+async def test_zeroconf_on_loopback_is_skipped_without_a_warning(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """The documented case (Home Assistant on this machine, Wyoming on 127.0.0.1): nothing to
+    advertise and nothing wrong, so an info line, not a warning (issue 41, item 12)."""
+    with structlog.testing.capture_logs() as logs:
+        async with daemon(tmp_path, mosquitto, wyoming={"host": "127.0.0.1", "zeroconf": True}):
+            pass
+    skipped = [e for e in logs if e["event"] == "wyoming_zeroconf_skipped"]
+    assert [e["log_level"] for e in skipped] == ["info"]
+    assert not [e for e in logs if e["event"].startswith("wyoming_zeroconf") and e["log_level"] == "warning"]

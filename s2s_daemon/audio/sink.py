@@ -95,13 +95,25 @@ class WavSink:
             raise AudioDeviceError(f"cannot create audio.wav_dir {self.folder}: {exc}") from exc
 
     async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport:
+        """Collect the utterance, then write it; a stopped one (cancelled) writes what came first,
+        when something did (``say --out`` stopped with Ctrl-C keeps what was made)."""
         parts: list[Samples] = []
         first: float | None = None
-        async for chunk in utterance.chunks:
-            if first is None and len(chunk):
-                first = time.monotonic()
-                on_first_sample(first)
-            parts.append(apply_volume(chunk, utterance.request.volume))
+        try:
+            async for chunk in utterance.chunks:
+                if first is None and len(chunk):
+                    first = time.monotonic()
+                    on_first_sample(first)
+                parts.append(apply_volume(chunk, utterance.request.volume))
+        except asyncio.CancelledError:
+            if parts:
+                await asyncio.shield(self._write(utterance, parts))
+            raise
+        audio = await self._write(utterance, parts)
+        end = time.monotonic() if first is not None else None
+        return PlaybackReport(first, end, 1000.0 * len(audio) / utterance.sample_rate)
+
+    async def _write(self, utterance: Utterance, parts: list[Samples]) -> Samples:
         audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
         safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in utterance.request.id)[:120] or "utterance"
         path = self.folder / (self.filename or f"{safe_id}.wav")
@@ -109,8 +121,7 @@ class WavSink:
             await asyncio.to_thread(write_wav, path, audio, utterance.sample_rate)
         except OSError as exc:
             raise AudioDeviceError(f"cannot write {path}: {exc}") from exc
-        end = time.monotonic() if first is not None else None
-        return PlaybackReport(first, end, 1000.0 * len(audio) / utterance.sample_rate)
+        return audio
 
     async def close(self) -> None:
         return None

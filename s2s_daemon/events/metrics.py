@@ -86,6 +86,12 @@ class DaemonMetrics:
         self.underrun = Counter(
             "s2s_underrun_seconds", "Seconds of silence the speaker played while its buffer was dry", registry=r
         )
+        self.runaways = Counter(
+            "s2s_runaway_truncated",
+            "Requests cut short where the engine ran away (truncated: runaway), by what gave it away",
+            ["cause"],
+            registry=r,
+        )
         self.queue_depth = Gauge("s2s_queue_depth", "Requests waiting in the queue", registry=r)
         self.ready = Gauge("s2s_ready", "1 when the daemon is ready (GET /ready answers 200), else 0", registry=r)
         self.resident_memory = Gauge("s2s_resident_memory_bytes", "Resident set size of the process", registry=r)
@@ -112,6 +118,8 @@ class DaemonMetrics:
             self.audio.labels(intake)
             for status in Status:
                 self.requests.labels(intake, str(status))
+        for cause in ("length", "silence", "loop"):
+            self.runaways.labels(cause)
 
     # -- what the daemon reports -------------------------------------------------------
 
@@ -128,6 +136,8 @@ class DaemonMetrics:
         """A request's terminal event: its figures as the latency event has them."""
         intake = job.request.origin
         self.requests.labels(intake, str(job.status)).inc()
+        if job.truncated is not None:
+            self.runaways.labels(job.truncated_cause or "length").inc()
         if job.timeline.first_sample_out is None:
             return  # nothing was heard: no latency event, no latency figures
         latency = latency_payload(job, info)

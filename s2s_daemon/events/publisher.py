@@ -71,6 +71,8 @@ def finished_payload(job: Job) -> dict[str, object]:
     }
     if job.error is not None:
         payload["error"] = {"code": str(job.error.code), "message": job.error.message}
+    if job.truncated is not None:
+        payload["truncated"] = job.truncated
     return payload
 
 

@@ -133,8 +133,20 @@ def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
         key = ".".join(str(p) for p in err["loc"]) or "payload"
-        parts.append(f"{key}: {err['msg']}")
+        parts.append(f"{key}: {_readable(err)}")
     return "; ".join(parts)
+
+
+def _readable(err: Any) -> str:
+    """pydantic's words, where they are a person's (``"id": ""`` said "Value should have at least
+    1 item after validation, not 0")."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind in ("too_short", "string_too_short"):
+        least = ctx.get("min_length", 1)
+        return "must not be empty" if least == 1 else f"must have at least {least} characters"
+    if kind in ("too_long", "string_too_long"):
+        return f"must have at most {ctx.get('max_length')} characters"
+    return str(err["msg"])
 
 
 def decode_json_object(payload: bytes) -> tuple[dict[str, Any] | None, str | None]:

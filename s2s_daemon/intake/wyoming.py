@@ -699,10 +699,8 @@ class WyomingServer:
         except OSError as exc:
             log.warning("wyoming_zeroconf_failed", error=str(exc), reason="no address to advertise")
             return
-        if address is None:
-            log.warning(
-                "wyoming_zeroconf_skipped", host=self.config.host, reason="loopback: only this host can connect"
-            )
+        if address is None:  # the documented loopback case: nothing is wrong, nothing to advertise
+            log.info("wyoming_zeroconf_skipped", host=self.config.host, reason="loopback: only this host can connect")
             return
         name = f"s2s-{self.site_id}"
         info = AsyncServiceInfo(

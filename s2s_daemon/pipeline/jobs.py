@@ -123,6 +123,18 @@ class TextCut:
 
 
 @dataclass(frozen=True, slots=True)
+class Truncated:
+    """A piece of the request's text was cut short: the engine ran away (``tts/runaway.py``). What
+    came before plays, the rest of the text is spoken, and the request still ends ``completed``."""
+
+    at: float
+    reason: str
+    """``runaway``."""
+    cause: str
+    """What gave it away: ``length``, ``silence`` or ``loop``."""
+
+
+@dataclass(frozen=True, slots=True)
 class OnSpeaker:
     """The speaker took the request: its audio plays next, in the room."""
 
@@ -167,6 +179,7 @@ StageEvent = (
     | SynthesisEnded
     | Failed
     | TextCut
+    | Truncated
     | OnSpeaker
     | Prebuffered
     | FirstSample
@@ -187,6 +200,10 @@ class Job:
     shortfall: RequestError | None = None
     """Why the request was spoken short of what was asked (its streamed text ended early): its
     error if it otherwise plays to the end."""
+    truncated: str | None = None
+    """Why part of its audio was cut short (``runaway``), told in ``tts/finished``; None: none was."""
+    truncated_cause: str | None = None
+    """What gave the first cut away (``length``, ``silence``, ``loop``; the metric's label)."""
     cancelled: bool = False
     """The stop token as a plain flag: polled by the engine thread between frames."""
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
@@ -448,6 +465,9 @@ class Ledger:
                 job.cancelled = True  # the engine stops; what was already made still plays
             case TextCut(_, code, message):
                 job.shortfall = job.shortfall or RequestError(code, message)
+            case Truncated(_, reason, cause):
+                if job.truncated is None:
+                    job.truncated, job.truncated_cause = reason, cause
             case OnSpeaker(_):
                 self.current = job
             case Prebuffered(_, seconds):

@@ -224,3 +224,47 @@ class VoiceLibrary:
                 f"voice {voice.name!r} is a {has} voice; this {self.mode} model cannot speak it ({what})"
             )
         return voice
+
+
+PREFERRED_VOICE = "Ryan"
+"""The speaker ``tts.voice: auto`` picks where the model has him (the docs' examples speak English)."""
+
+
+def model_voice(presets: tuple[str, ...], library: VoiceLibrary | None) -> str | None:
+    """The model's own default voice (``tts.voice: auto``): Ryan where he is one of its preset
+    speakers, else its first; a model without any (Base, VoiceDesign): the first voice of
+    ``library`` it can speak (by name); None when there is none (a Base model then has no default,
+    ``wiring.no_default_voice``)."""
+    if presets:
+        return {v.lower(): v for v in presets}.get(PREFERRED_VOICE.lower(), presets[0])
+    names = sorted(library.names()) if library is not None else []
+    return names[0] if names else None
+
+
+def library_choices(library: VoiceLibrary) -> str:
+    """The library voices this model can speak, or how to make one, for a message."""
+    names = sorted(library.names())
+    if names:
+        return f"its {library.kind} voices: {', '.join(names)}"
+    if library.kind is VoiceKind.DESIGN:
+        return "make one with: s2s-daemon voices add NAME --instruct 'a description of the voice'"
+    if library.kind is VoiceKind.CLONE:
+        return "make one with: s2s-daemon voices add NAME --ref-audio FILE.wav --ref-text 'what it says'"
+    return "this model speaks its preset voices only"
+
+
+def check_voice(voice: str, presets: tuple[str, ...], library: VoiceLibrary) -> None:
+    """``UnknownVoiceError`` unless ``voice`` is one of the model's preset speakers or a library
+    voice it can speak; the message lists both."""
+    if voice.strip().lower() in {v.lower() for v in presets}:
+        return
+    if library.lookup(voice) is not None:  # a library voice of another kind raises, saying so
+        return
+    if presets:
+        names = sorted(library.names())
+        also = f"; or a library voice: {', '.join(names)}" if names else ""
+        raise UnknownVoiceError(f"voice {voice!r} is unknown; choose one of {', '.join(presets)}{also}")
+    raise UnknownVoiceError(
+        f"voice {voice!r} is not in the voice library ({library.root}) and this {library.mode} model"
+        f" has no preset speakers; {library_choices(library)}"
+    )

@@ -7,10 +7,14 @@ engine may keep thread-affine state (MLX streams, CUDA graphs) without locks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import difflib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from s2s_daemon.errors import ConfigError
 from s2s_daemon.pipeline.vocabulary import (
     DeviceMemory,
     EngineError,
@@ -30,6 +34,7 @@ __all__ = [
     "EngineOptions",
     "EngineTraits",
     "ModelUnavailableError",
+    "OptionsSchema",
     "Samples",
     "ShouldStop",
     "SynthesisRequest",
@@ -85,6 +90,52 @@ class EngineOptions:
     revision: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
     """Backend-specific knobs (test engines use this for speed)."""
+
+
+class OptionsSchema(BaseModel):
+    """An engine's ``tts.options``, declared by the engine (the registry finds it): every key typed,
+    an unknown one refused with the known ones listed. The values arrive as strings (the config
+    keeps ``tts.options`` a mapping of strings); pydantic turns them into the fields' types.
+    ``check-config`` and ``run`` check them before the model loads (``preflight``); the engine reads
+    them with ``read``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _blank_is_unset(cls, values: object) -> object:
+        """An empty value (``S2S_TTS__OPTIONS__MAX_FRAMES=``) leaves the option at its default."""
+        if isinstance(values, dict):
+            return {k: v for k, v in values.items() if not (isinstance(v, str) and not v.strip())}
+        return values
+
+    @classmethod
+    def problems(cls, values: Mapping[str, str]) -> list[tuple[str, str]]:
+        """(``tts.options.<key>``, what is wrong) for each wrong value or unknown key; [] when none."""
+        try:
+            cls.model_validate(dict(values))
+        except ValidationError as exc:
+            known = sorted(cls.model_fields)
+            found = []
+            for err in exc.errors():
+                key = ".".join(str(part) for part in err["loc"])
+                if err["type"] == "extra_forbidden":
+                    close = difflib.get_close_matches(key, known, n=1)
+                    hint = f"; did you mean {close[0]}?" if close else ""
+                    message = f"unknown option{hint} (known: {', '.join(known) or 'none'})"
+                else:
+                    message = f"{values.get(key)!r}: {err['msg'].removeprefix('Value error, ')}"
+                found.append((f"tts.options.{key}", message))
+            return found
+        return []
+
+    @classmethod
+    def read(cls, values: Mapping[str, str]) -> Self:
+        """The options, typed; ``ConfigError`` naming each wrong key."""
+        found = cls.problems(values)
+        if found:
+            raise ConfigError("\n".join(f"{key}: {message}" for key, message in found))
+        return cls.model_validate(dict(values))
 
 
 class CheckpointError(EngineError):

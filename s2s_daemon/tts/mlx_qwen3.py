@@ -26,10 +26,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import structlog
+from pydantic import Field
 
 from s2s_daemon.errors import ConfigError
 from s2s_daemon.pipeline.vocabulary import (
@@ -43,7 +44,7 @@ from s2s_daemon.pipeline.vocabulary import (
 )
 from s2s_daemon.pipeline.voices import default_cache_dir
 from s2s_daemon.tts.clone_keys import PromptKeys
-from s2s_daemon.tts.engine import CheckpointError, EngineOptions, ShouldStop, SynthesisRequest
+from s2s_daemon.tts.engine import CheckpointError, EngineOptions, OptionsSchema, ShouldStop, SynthesisRequest
 from s2s_daemon.tts.hub import hub_failure
 
 log = structlog.get_logger(__name__)
@@ -266,6 +267,17 @@ class _ClonePromptHook:
         return self.reference_codes(audio)
 
 
+class MlxOptions(OptionsSchema):
+    """``tts.options`` of the MLX engine (docs/configuration.md); no mlx import."""
+
+    max_frames: int | None = Field(None, ge=1)
+    """A cap on an utterance's codec frames, below its text's budget (tests, benchmarks)."""
+    voice_cache: str | None = None
+    """Where clone prompts are kept (the torch engine's folder by default); ``off``: memory only."""
+    mlx_quantization: Literal["4bit", "6bit", "8bit", "bf16", "float32"] | None = None
+    """Overrides ``tts.mlx.quantization`` (``float32``: unquantized, for the tests' parity checks)."""
+
+
 class MlxQwen3Engine:
     """Qwen3-TTS through mlx-audio; every method runs on the engine's one worker thread."""
 
@@ -274,16 +286,14 @@ class MlxQwen3Engine:
 
     def __init__(self, options: EngineOptions) -> None:
         self._options = options
-        quant = options.extra.get("mlx_quantization", options.quantization)
+        typed = MlxOptions.read(options.extra)
+        quant = typed.mlx_quantization or options.quantization
         if quant not in QUANTIZATIONS and quant != FLOAT32:
             msg = f"tts.mlx.quantization must be one of {', '.join(QUANTIZATIONS)}, not {quant!r}"
             raise ConfigError(msg)
         self._quantization = quant
-        max_frames = options.extra.get("max_frames")
-        if max_frames and not (max_frames.isdigit() and int(max_frames) > 0):
-            msg = f"tts.options.max_frames must be a positive integer, not {max_frames!r}"
-            raise ConfigError(msg)
-        self._max_frames = int(max_frames) if max_frames else None
+        self._max_frames = typed.max_frames
+        self._voice_cache = typed.voice_cache
         self._loaded: _Loaded | None = None
         self._thread: int | None = None
 
@@ -555,7 +565,7 @@ class MlxQwen3Engine:
 
     def _clone_folder(self) -> Path | None:
         """Where clone prompts are stored: the torch engine's folder (``voice_cache``, ``$S2S_VOICE_CACHE``)."""
-        value = self._options.extra.get("voice_cache") or os.environ.get("S2S_VOICE_CACHE")
+        value = self._voice_cache or os.environ.get("S2S_VOICE_CACHE")
         if not value:
             return default_cache_dir()
         return None if value.lower() in ("off", "none", "false", "0") else Path(value).expanduser()

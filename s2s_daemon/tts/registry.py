@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from s2s_daemon.config import ENGINE_NAMES, TtsConfig
 from s2s_daemon.errors import UnavailableError
-from s2s_daemon.tts.engine import EngineOptions, TtsEngine
+from s2s_daemon.tts.engine import EngineOptions, OptionsSchema, TtsEngine
 
 EngineFactory = Callable[[EngineOptions], TtsEngine]
 OptionsReader = Callable[[TtsConfig], EngineOptions]
@@ -63,6 +63,8 @@ class EngineSpec:
     """Top-level modules that must import for the engine to work."""
     options: OptionsReader
     """Its options from the configuration."""
+    schema: str
+    """``module:Class`` of its ``tts.options`` (an ``OptionsSchema``), imported without the engine's extra."""
 
 
 _BUILTIN: dict[str, EngineSpec] = {
@@ -71,15 +73,28 @@ _BUILTIN: dict[str, EngineSpec] = {
         "torch",
         ("torch", "safetensors", "tokenizers"),  # transformers only for tokenizers tokenizer.json misses
         _torch_options,
+        "s2s_daemon.tts.torch_qwen3.options:TorchOptions",
     ),
-    "mlx": EngineSpec("s2s_daemon.tts.mlx_qwen3:MlxQwen3Engine", "mlx", ("mlx", "mlx_audio"), _mlx_options),
+    "mlx": EngineSpec(
+        "s2s_daemon.tts.mlx_qwen3:MlxQwen3Engine",
+        "mlx",
+        ("mlx", "mlx_audio"),
+        _mlx_options,
+        "s2s_daemon.tts.mlx_qwen3:MlxOptions",
+    ),
 }
 _REGISTERED: dict[str, EngineFactory] = {}
+_REGISTERED_SCHEMAS: dict[str, type[OptionsSchema]] = {}
 
 
-def register_engine(name: str, factory: EngineFactory) -> None:
-    """Make an extra engine available in this process (tests, plugins)."""
+def register_engine(name: str, factory: EngineFactory, schema: type[OptionsSchema] | None = None) -> None:
+    """Make an extra engine available in this process (tests, plugins); ``schema``: its
+    ``tts.options`` (None: taken as they come)."""
     _REGISTERED[name] = factory
+    if schema is not None:
+        _REGISTERED_SCHEMAS[name] = schema
+    else:
+        _REGISTERED_SCHEMAS.pop(name, None)
     if name not in ENGINE_NAMES:
         ENGINE_NAMES.append(name)  # tts.engine may name it
 
@@ -92,6 +107,31 @@ def engine_options(tts: TtsConfig) -> EngineOptions:
     """The options of the engine ``tts.engine`` names, read from its own section."""
     spec = _BUILTIN.get(tts.engine)
     return spec.options(tts) if spec is not None and tts.engine not in _REGISTERED else _plain_options(tts)
+
+
+def options_schema(name: str) -> type[OptionsSchema] | None:
+    """The ``tts.options`` schema engine ``name`` declares; None for a registered engine without one."""
+    if name in _REGISTERED:
+        return _REGISTERED_SCHEMAS.get(name)
+    spec = _BUILTIN.get(name)
+    if spec is None:
+        return None
+    module_name, _, attr = spec.schema.partition(":")
+    schema: type[OptionsSchema] = getattr(importlib.import_module(module_name), attr)
+    return schema
+
+
+def missing_extra(name: str) -> str | None:
+    """What engine ``name`` lacks to run here (its extra's packages, imported as the engine will),
+    or None when nothing is missing (or it is a registered engine)."""
+    spec = _BUILTIN.get(name)
+    if spec is None or name in _REGISTERED:
+        return None
+    try:
+        _check_requirements(name, spec)
+    except UnavailableError as exc:
+        return str(exc)
+    return None
 
 
 def _check_requirements(name: str, spec: EngineSpec) -> None:

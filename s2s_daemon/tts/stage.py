@@ -33,6 +33,7 @@ from s2s_daemon.pipeline.jobs import (
     SynthesisEnded,
     SynthesisStarted,
     TextCut,
+    Truncated,
 )
 from s2s_daemon.pipeline.messages import ErrorCode, PlaybackReport, SayRequest, Utterance
 from s2s_daemon.pipeline.output import CallerStream
@@ -43,6 +44,7 @@ from s2s_daemon.pipeline.textfeed import FeedEnd, TextFeed
 from s2s_daemon.pipeline.vocabulary import normalize_language
 from s2s_daemon.pipeline.voices import LibraryVoice, VoiceKind, VoiceLibrary, pinned
 from s2s_daemon.tts.engine import EngineError, EngineInfo, SynthesisRequest, UnknownVoiceError
+from s2s_daemon.tts.runaway import MARGIN, RunawayCut, RunawayWatch
 from s2s_daemon.tts.worker import EngineWorker
 
 log = structlog.get_logger(__name__)
@@ -81,6 +83,7 @@ class TtsStage:
         pacer: Pacer | None = None,
         max_streams: int = 1,
         paced_speaker: bool = True,
+        runaway_margin: float = MARGIN,
     ) -> None:
         self.worker = worker
         self.info = info
@@ -102,6 +105,8 @@ class TtsStage:
         """The speaker is heard as it plays (``AudioSink.realtime``): its requests are paced
         (``SynthesisRequest.paced``: others keep out of its way). False for a file or the discard
         sink, which nobody hears: nothing waits for them."""
+        self.runaway_margin = runaway_margin
+        """``tts.runaway_margin``: cut a piece whose engine ran away (``tts/runaway.py``); 0: never."""
         self._places = asyncio.Semaphore(max_streams)
         """Requests synthesized at once (``tts.max_streams``); 1: one after another, in queue order."""
         self._speaker_busy = False
@@ -293,12 +298,18 @@ class TtsStage:
         hold_s = self._hold_s(len(text)) if spoken else 0.0
         held: list[np.ndarray] = []
         held_s = 0.0
+        margin = self.runaway_margin
+        watch = RunawayWatch(text, self.info.sample_rate, margin) if margin > 0 else None
         async with contextlib.aclosing(
             self.worker.stream(dataclasses.replace(synth, text=text), job.should_stop)
         ) as pieces:
             async for chunk in pieces:
                 if job.should_stop():
                     return False
+                cut = watch.add(chunk) if watch is not None else None
+                if cut is not None:  # the engine ran away: cut there (closing the stream stops it)
+                    self._runaway(job, text, spoken, cut)
+                    break
                 if held_s < hold_s:
                     held_s += self._made(job, chunk)
                     held.append(chunk)
@@ -314,6 +325,19 @@ class TtsStage:
             return False
         log.debug("segment_synthesized", segment=spoken + 1, chars=len(text))
         return True
+
+    def _runaway(self, job: Job, text: str, spoken: int, cut: RunawayCut) -> None:
+        log.warning(
+            "runaway_cut",
+            request_id=job.request.id,
+            cause=cut.cause,
+            segment=spoken + 1,
+            chars=len(text),
+            audio_s=round(cut.audio_s, 2),
+            budget_s=round(cut.budget_s, 2),
+            truncated="runaway",
+        )
+        self.ledger.record(job, Truncated(time.monotonic(), "runaway", cut.cause))
 
     def _segments(self, job: Job, text: str) -> AsyncGenerator[str, None]:
         feed = job.request.feed

@@ -18,6 +18,8 @@ from s2s_daemon.app import Daemon
 from s2s_daemon.config import DaemonConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
+TONE_OPTIONS = {"speed": "0"}
+"""What ``write_config`` gives the tone engine; another engine's config goes without them."""
 
 
 def write_config(path: Path, port: int, **sections: Any) -> Path:
@@ -25,7 +27,7 @@ def write_config(path: Path, port: int, **sections: Any) -> Path:
     data: dict[str, Any] = {
         "site_id": "kitchen",
         "mqtt": {"broker": "external", "port": port},
-        "tts": {"engine": "tone", "options": {"speed": "0"}, "warmup": False},
+        "tts": {"engine": "tone", "options": dict(TONE_OPTIONS), "warmup": False},
         "audio": {"sink": "discard"},
         "log": {"format": "json", "level": "info"},
         "shutdown": {"drain_timeout_s": 5},
@@ -43,6 +45,9 @@ def write_config(path: Path, port: int, **sections: Any) -> Path:
             data[key] = merged
         else:
             data[key] = value
+    if data["tts"].get("engine") != "tone":  # the tone engine's options are no other engine's
+        options = {k: v for k, v in data["tts"].get("options", {}).items() if k not in TONE_OPTIONS}
+        data["tts"] = {**data["tts"], "options": options}
     path.write_text(yaml.safe_dump(data))
     return path
 

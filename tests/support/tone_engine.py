@@ -7,7 +7,9 @@ whose existence ends the load (a test holds the daemon in its loading phase as l
 A text containing ``#fail`` raises inside synthesis (an engine error). Hangs, after the first
 chunk: ``#stall=S`` sleeps S seconds (ignoring ``should_stop`` meanwhile, as a stuck device would),
 then goes on; ``#hang`` blocks until ``HANG_RELEASE`` is set (in a subprocess: never, a wedged
-engine thread).
+engine thread). A runaway, as a model that misses its end of speech (``tts/runaway.py``), after the
+text's own audio and until stopped (at most ``RUNAWAY_FRAMES``): ``#runaway-loop`` the same
+0.6 s said over and over, ``#runaway-silence`` silence, ``#runaway`` the tone on and on.
 """
 
 from __future__ import annotations
@@ -38,6 +40,23 @@ FRAME_SAMPLES = 1920
 HANG_RELEASE = threading.Event()
 """Ends every ``#hang`` (in-process tests set it when they are done)."""
 _STALL = re.compile(r"#stall=([0-9.]+)")
+RUNAWAY_FRAMES = 3000
+"""Four minutes: a runaway the daemon failed to cut still ends."""
+LOOP_LEVELS = np.array([0.5, 0.3, 0.05, 0.4, 0.1, 0.02, 0.45, 0.2, 0.03, 0.35] * 3, np.float32)
+"""A speech-like loudness per 20 ms, 0.6 s long: what ``#runaway-loop`` repeats."""
+
+
+def runaway(kind: str, first_frame: int, frames: int) -> Samples:
+    """Frames ``first_frame`` .. ``+frames`` of a runaway of ``kind`` (loop, silence, tone)."""
+    if kind == "silence":
+        return np.zeros(frames * FRAME_SAMPLES, np.float32)
+    chunk = tone(440.0, first_frame, frames)
+    if kind != "loop":
+        return chunk
+    window = FRAME_SAMPLES // 4  # 20 ms
+    start = first_frame * 4
+    levels = LOOP_LEVELS[(start + np.arange(frames * 4)) % len(LOOP_LEVELS)]
+    return (chunk * np.repeat(levels / 0.3, window)).astype(np.float32)
 
 
 @functools.lru_cache(maxsize=256)
@@ -80,6 +99,11 @@ class ToneEngine:
         if "#fail" in request.text:
             raise EngineError("tone engine asked to fail")
         total_frames = max(1, round(len(request.text) * self.ms_per_char / 80.0))
+        kind = next((k for k in ("loop", "silence") if f"#runaway-{k}" in request.text), None)
+        kind = kind or ("tone" if "#runaway" in request.text else None)
+        said = total_frames
+        if kind is not None:
+            total_frames = RUNAWAY_FRAMES
         freq = 440.0 if request.voice != "Vivian" else 660.0
         chunk_frames = request.chunk_frames
         stall = _STALL.search(request.text)
@@ -97,7 +121,7 @@ class ToneEngine:
             if should_stop():
                 return
             n = min(chunk_frames, total_frames - frame)
-            chunk = tone(freq, frame, n)
+            chunk = tone(freq, frame, n) if frame + n <= said or kind is None else runaway(str(kind), frame, n)
             frame += n
             if self.speed > 0:
                 due = start + frame * 0.08 / self.speed

@@ -281,7 +281,9 @@ class VoiceAdmin:
             if upload is None:
                 why = "dry_run checks a recording: send the file as audio"
                 raise ApiError(400, why, code="bad_payload", param="audio")
-            return web.json_response(await asyncio.to_thread(self._check_blocking, upload, filename, fields.force))
+            checked = await asyncio.to_thread(self._check_blocking, upload, filename, fields.force)
+            # A recording the checks refuse is 422 (the error in OpenAI's shape, beside the checks)
+            return web.json_response(checked, status=200 if checked["error"] is None else 422)
         if fields.name is None:
             raise ApiError(400, "name: a voice needs a name", code="bad_payload", param="name")
         async with self._edits:
@@ -306,7 +308,7 @@ class VoiceAdmin:
         try:
             warnings = check_audio(audio, force)
         except VoiceEditError as exc:
-            error = {"code": exc.code, "message": str(exc)}
+            error = {"code": exc.code, "message": str(exc), "param": PARAM_OF_CODE.get(exc.code, "audio")}
         warnings += self._unspeakable(VoiceKind.CLONE)
         return {"checks": _stats(measure(audio)), "warnings": warnings, "error": error}
 

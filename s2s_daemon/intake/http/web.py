@@ -36,14 +36,14 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from s2s_daemon import __version__
-from s2s_daemon.intake.http.api import ApiError, invalid_request, unanswered
+from s2s_daemon.intake.http.api import ApiError, unanswered
 from s2s_daemon.intake.http.encoders import FORMATS
 from s2s_daemon.intake.http.guard import json_body
 from s2s_daemon.intake.http.live import LiveEvent
 from s2s_daemon.intake.http.voice_admin import VoiceAdmin
 from s2s_daemon.intake.schemas import StopPayload, decode_json_object, parse_say
 from s2s_daemon.pipeline.jobs import Job, Ledger, Phase
-from s2s_daemon.pipeline.messages import Status
+from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
 
 if TYPE_CHECKING:
     from s2s_daemon.intake.http.server import HttpSpeechServer
@@ -251,7 +251,7 @@ class WebPage:
         parsed = parse_say(await json_body(request), self.server.rules, origin=ORIGIN, received_at=received)
         if parsed.error is not None:
             self.ledger.reject(parsed.request, parsed.error.code, parsed.error.message)
-            raise invalid_request(parsed.error)
+            raise _say_error(parsed.error)
         job = self.ledger.submit(parsed.request)
         if job.status is Status.REJECTED:
             raise unanswered(job.status, job.error, self.ledger.accepting)
@@ -279,6 +279,26 @@ def _is_loopback(remote: str | None) -> bool:
         return remote is not None and ipaddress.ip_address(remote).is_loopback
     except ValueError:
         return False
+
+
+SAY_PARAM = {
+    ErrorCode.EMPTY_TEXT: "text",
+    ErrorCode.TEXT_TOO_LONG: "text",
+    ErrorCode.UNKNOWN_VOICE: "voice",
+    ErrorCode.UNSUPPORTED_LANGUAGE: "language",
+}
+"""``POST /api/say``'s ``param``: its body is a say request (MQTT's JSON), so its own field names
+(``text``), not the speech API's (``input``)."""
+
+
+def _say_error(error: RequestError) -> ApiError:
+    """A refused ``/api/say`` request: 400, its code, and the field at fault (``id: must not be
+    empty`` names ``id``)."""
+    param = SAY_PARAM.get(error.code)
+    if param is None and error.code is ErrorCode.BAD_PAYLOAD:
+        key = error.message.partition(":")[0]
+        param = key if key.isidentifier() else None
+    return ApiError(400, error.message, code=error.code.value, param=param)
 
 
 async def _send(response: web.StreamResponse, kind: str, payload: dict[str, Any]) -> None:

@@ -6,7 +6,8 @@ recording's bytes, the transcript's presence, the model and the dtype, so they a
 and on disk (``$XDG_CACHE_HOME/s2s-daemon/voices/<key>.safetensors``) under the hash of those:
 neither a later request nor a restart runs an encoder again, and a changed recording has a new
 hash, hence a new key. The file's hash is remembered by (size, mtime, inode), so a request for a
-cached voice costs a ``stat`` and a dictionary look-up.
+cached voice costs a ``stat`` and a dictionary look-up. Two processes that need the same new
+prompt compute it once (``build_lock``).
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ from pathlib import Path
 import structlog
 import torch
 
+from s2s_daemon.build_lock import BuildLockTimeout, build_lock
 from s2s_daemon.tts.clone_keys import PromptKeys
 
 log = structlog.get_logger(__name__)
 
 MEMORY_ENTRIES = 64
 """Clone prompts kept in memory (oldest dropped first)."""
+LOCK_WAIT_S = 10.0
+"""Seconds a request waits for another process computing the same prompt (on the engine thread:
+well below ``tts.stall_timeout_s``) before computing it itself."""
 FORMAT = "1"
 """Bumped when what is stored changes."""
 
@@ -71,12 +76,30 @@ class ClonePromptCache:
             return found
         found = self._load(key)
         if found is None:
-            found = compute(path, with_codes)
-            self.computed += 1
-            self._store(key, found)
+            found = self._compute(key, path, with_codes, compute)
         self._memory[key] = found
         while len(self._memory) > MEMORY_ENTRIES:
             self._memory.popitem(last=False)
+        return found
+
+    def _compute(self, key: str, path: str, with_codes: bool, compute: Compute) -> ClonePrompt:
+        """Run the encoders and store the prompt, one process at a time per prompt (``build_lock``):
+        a process that waited reads what the holder stored. Without the lock (a read-only folder,
+        a holder that takes longer than ``LOCK_WAIT_S``) it computes anyway."""
+        lock = self.folder / f".{key}.lock" if self.folder is not None else None
+        if lock is not None:
+            try:
+                with build_lock(lock, "a voice's clone prompt", timeout_s=LOCK_WAIT_S) as waited:
+                    found = self._load(key) if waited else None
+                    return found if found is not None else self._compute_and_store(key, path, with_codes, compute)
+            except (OSError, BuildLockTimeout) as exc:
+                log.info("clone_prompt_unlocked", key=key, reason=str(exc))
+        return self._compute_and_store(key, path, with_codes, compute)
+
+    def _compute_and_store(self, key: str, path: str, with_codes: bool, compute: Compute) -> ClonePrompt:
+        found = compute(path, with_codes)
+        self.computed += 1
+        self._store(key, found)
         return found
 
     def _path(self, key: str) -> Path | None:

@@ -51,6 +51,7 @@ from s2s_daemon.tts.torch_qwen3.config import (
 )
 from s2s_daemon.tts.torch_qwen3.formats import choose_format
 from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout, no_weight_init, small_batch_linears
+from s2s_daemon.tts.torch_qwen3.options import TorchOptions
 from s2s_daemon.tts.torch_qwen3.overlap import ChunkQueue, CodecWorker, set_threads
 from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings, PromptTokens, build_embeddings, codec_prefix, tokenize
 from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, PrefixCache, Sequence, TalkerRuntime
@@ -173,22 +174,16 @@ class TorchQwen3Engine:
         """The CPU's intra-op threads (None on an accelerator); adjusted between frames."""
 
     # -- options --------------------------------------------------------------------------
-    def _extra_int(self, key: str) -> int | None:
-        value = self.options.extra.get(key)
-        return int(value) if value not in (None, "") else None
+    def _opts(self) -> TorchOptions:
+        """``tts.options`` typed (``options.py``); read at each use, so that a benchmark may change
+        ``options.extra`` between requests. ``ConfigError`` naming a wrong key."""
+        return TorchOptions.read(self.options.extra)
 
     def _overlap_mode(self) -> str:
-        """``extra['codec_overlap']``: ``auto`` (the default: the codec on its own thread for an
-        utterance that starts with two threads or more, in line when the engine runs one, as beside
-        a busy process), ``on`` (always) or ``off``; EngineError for another value."""
-        value = str(self.options.extra.get("codec_overlap") or "auto").strip().lower()
-        if value in ("1", "true", "yes", "on"):
-            return "on"
-        if value in ("0", "false", "no", "off"):
-            return "off"
-        if value != "auto":
-            raise EngineError(f"tts.options.codec_overlap {value!r} is not one of auto, on, off")
-        return value
+        """``codec_overlap``: ``auto`` (the default: the codec on its own thread for an utterance
+        that starts with two threads or more, in line when the engine runs one, as beside a busy
+        process), ``on`` (always) or ``off``."""
+        return self._opts().codec_overlap
 
     def _threads_now(self) -> int:
         """The engine thread's intra-op threads in force (``ThreadPolicy``'s count on the CPU)."""
@@ -196,10 +191,8 @@ class TorchQwen3Engine:
 
     def _text_streaming(self, mode: str) -> bool:
         """Official defaults: text fed step by step only for Base; ``extra['text_streaming']`` overrides."""
-        value = self.options.extra.get("text_streaming")
-        if value is None or value == "":
-            return mode == "base"
-        return value.lower() in ("1", "true", "yes", "on")
+        value = self._opts().text_streaming
+        return mode == "base" if value is None else value
 
     # -- protocol -------------------------------------------------------------------------
     def load_blocking(self) -> EngineInfo:
@@ -236,10 +229,10 @@ class TorchQwen3Engine:
         if cfg.mode == "base":
             self._load_clone_encoders(folder, device, dtype)
         runtime = TalkerRuntime(weights, cfg, device, dtype)
-        prefix_rows = self._extra_int("prefix_cache_rows")
+        prefix_rows = self._opts().prefix_cache_rows
         if prefix_rows is not None:
             runtime.prefixes = PrefixCache(prefix_rows) if prefix_rows > 0 else None
-        if device.type == "cuda" and self.options.extra.get("cuda_graphs", "true").lower() not in ("0", "false", "no"):
+        if device.type == "cuda" and self._opts().cuda_graphs:
             from s2s_daemon.tts.torch_qwen3.graphs import CudaGraphSteps
 
             runtime.graphs = CudaGraphSteps()
@@ -286,7 +279,7 @@ class TorchQwen3Engine:
             # float32 copy of the model) or mapped from the prepared-weights cache (prepared.py).
             from s2s_daemon.tts.torch_qwen3.prepared import load_talker
 
-            weights = load_talker(cfg, folder, weight_format, ext, dtype, self.options.extra.get("prepared_cache"))
+            weights = load_talker(cfg, folder, weight_format, ext, dtype, self._opts().prepared_cache)
         else:
             weights = self._load_torch_talker(cfg, folder, device, dtype, weight_format)
         return weights, self._load_codec(folder, device, dtype, ext)
@@ -324,7 +317,7 @@ class TorchQwen3Engine:
     def _start_threads(self, device: torch.device) -> None:
         """The intra-op threads: ``tts.torch.threads`` (or ``extra['threads']``) fixes them; else,
         on the CPU, ``ThreadPolicy`` follows what the machine leaves free."""
-        fixed = self._extra_int("threads") or self.options.threads
+        fixed = self._opts().threads or self.options.threads
         if device.type != "cpu":
             if fixed is not None and fixed > 0:
                 torch.set_num_threads(fixed)  # process-wide: the intra-op pool is shared
@@ -413,7 +406,7 @@ class TorchQwen3Engine:
             from s2s_daemon.tts.torch_qwen3.codec import pick_codec_weights
 
             try:
-                weights, why = pick_codec_weights(self.options.extra.get("codec_dtype"), ext)
+                weights, why = pick_codec_weights(self._opts().codec_dtype, ext)
             except ValueError as exc:
                 raise EngineError(str(exc)) from exc
             log.info("codec_weights_chosen", dtype=str(weights).removeprefix("torch."), reason=why)
@@ -450,7 +443,7 @@ class TorchQwen3Engine:
         return "|".join(stamps)
 
     def _clone_folder(self) -> Path | None:
-        value = self.options.extra.get("voice_cache") or os.environ.get("S2S_VOICE_CACHE")
+        value = self._opts().voice_cache or os.environ.get("S2S_VOICE_CACHE")
         if value is None or value == "":
             return default_cache_dir()
         return None if value.lower() in ("off", "none", "false", "0") else Path(value)
@@ -567,7 +560,7 @@ class TorchQwen3Engine:
             ref_codes.to(self.device) if ref_codes is not None else None,
             non_streaming=not (self._text_streaming(cfg.mode) if text_streaming is None else text_streaming),
         )
-        budget = frame_budget(tokens.content_len, gen.max_new_tokens, self._extra_int("max_frames"))
+        budget = frame_budget(tokens.content_len, gen.max_new_tokens, self._opts().max_frames)
         return prompt, tokens, ref_codes, budget
 
     def codes_blocking(
@@ -602,7 +595,7 @@ class TorchQwen3Engine:
         ``step_blocking``): 4 where the native kernels run the rows of a step in one pass of the
         weights; 1 elsewhere (CUDA graphs and torch's kernels gain nothing from it yet), where the
         worker interleaves requests instead. ``extra['max_batch']`` overrides it."""
-        wanted = self._extra_int("max_batch")
+        wanted = self._opts().max_batch
         if wanted is not None:
             return max(1, wanted)
         runtime = self.runtime
@@ -656,7 +649,7 @@ class TorchQwen3Engine:
             budget = min(budget, max_frames)
         chunk = max(1, int(request.chunk_frames))
         # A one-frame first chunk gets the first sound out sooner; later chunks are full size.
-        first = max(1, min(chunk, self._extra_int("first_chunk_frames") or FIRST_CHUNK_FRAMES))
+        first = max(1, min(chunk, self._opts().first_chunk_frames or FIRST_CHUNK_FRAMES))
         stream = self._codec_stream(ref_codes)
         options = DecodeOptions(max_frames=budget, greedy=request.greedy, seed=request.seed)
         worker = self.codec_worker

@@ -5,7 +5,8 @@ buffer of their own, fused, packed, freed), so neither a float32 copy of the mod
 checkpoint's pages stay resident, and writes the result to a cache entry
 ``<root>/<format>-<digest>/`` (``key.json``, ``tensors.bin``, ``index.json``). Later starts map it
 and convert nothing; tensors used as stored (embedding tables, norms) are mapped from the
-checkpoint itself. An entry is written whole or not at all (temporary folder, rename); one that
+checkpoint itself. An entry is written by one process at a time (``build_lock``; another start
+waits, bounded, and maps it), whole or not at all (temporary folder, rename); one that
 fails its checks is rebuilt, one that cannot be written leaves the weights in memory: the cache
 never makes loading fail. ``cache_root`` says where (``tts.options.prepared_cache``, else
 ``S2S_PREPARED_CACHE``); ``scripts/bench_memory.py`` measures what stays resident.
@@ -28,6 +29,7 @@ import structlog
 import torch
 from torch import nn
 
+from s2s_daemon.build_lock import BuildLockTimeout, build_lock
 from s2s_daemon.progress import Progress
 from s2s_daemon.tts.torch_qwen3 import native
 from s2s_daemon.tts.torch_qwen3.checkpoint import (
@@ -56,6 +58,9 @@ ALIGN = 64
 ENV = "S2S_PREPARED_CACHE"
 OFF = ("0", "off", "false", "no", "none")
 DEFAULT = ("", "1", "on", "true", "yes", "auto")
+LOCK_PREFIX = ".lock-"
+"""An entry's ``build_lock`` (``<root>/.lock-<entry>``): one process prepares it, a second start
+waits for it and maps it; a writer killed midway leaves no lock (the kernel releases it)."""
 STALE_TMP_S = 3600.0
 """Age after which a temporary folder is taken for a crashed writer's and removed."""
 SUPERSEDED_UNUSED_S = 7 * 24 * 3600.0
@@ -529,11 +534,16 @@ def load_talker(
             for attempt in ("mapped", "written"):
                 if attempt == "written":
                     try:
-                        _write_entry(root, entry, key, ck, cfg, fmt, group, dtype, ext)
-                    except OSError as exc:
+                        with build_lock(root / f"{LOCK_PREFIX}{entry.name}", "the prepared weights") as waited:
+                            if waited and entry.is_dir():
+                                attempt = "mapped"  # the holder wrote it meanwhile
+                            else:
+                                _write_entry(root, entry, key, ck, cfg, fmt, group, dtype, ext)
+                    except (OSError, BuildLockTimeout) as exc:
                         log.warning("prepared_cache_not_written", entry=str(entry), reason=str(exc))
                         break
-                    prune(root, keep=entry, key=key)
+                    if attempt == "written":
+                        prune(root, keep=entry, key=key)
                 elif not entry.is_dir():
                     continue
                 try:

@@ -11,6 +11,7 @@ export class ApiError extends Error {
     this.status = status;
     this.code = error.code || null;
     this.param = error.param || null;
+    this.body = body;
   }
 }
 

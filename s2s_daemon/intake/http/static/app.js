@@ -511,7 +511,12 @@ async function checkCloneAudio() {
   box.hidden = false;
   box.replaceChildren(el("span", { class: "muted" }, "Checking the recording…"));
   try {
-    const answer = await apiJson("/api/voices", { method: "POST", body: cloneForm({ dry_run: "true" }) });
+    const answer = await apiJson("/api/voices", { method: "POST", body: cloneForm({ dry_run: "true" }) }).catch(
+      (error) => {
+        if (error instanceof ApiError && error.status === 422 && error.body && error.body.checks) return error.body;
+        throw error; // a recording the checks refuse is 422, with its checks beside the error
+      },
+    );
     const c = answer.checks;
     const level = c.rms > 0 ? `${(20 * Math.log10(c.rms)).toFixed(0)} dBFS RMS` : "silent";
     const items = [
