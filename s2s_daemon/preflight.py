@@ -134,7 +134,7 @@ def _mqtt_files(config: DaemonConfig) -> list[Finding]:
 
 
 def _http_key(config: DaemonConfig) -> list[Finding]:
-    from s2s_daemon.intake.http import read_api_key
+    from s2s_daemon.intake.http.api_key import read_api_key
 
     path = config.http.api_key_file
     if not config.http.enabled or path is None:

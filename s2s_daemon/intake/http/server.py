@@ -28,7 +28,6 @@ from aiohttp import web
 
 from s2s_daemon.config import HttpConfig
 from s2s_daemon.errors import UnavailableError
-from s2s_daemon.intake.http import key_file_exposure, read_api_key
 from s2s_daemon.intake.http.api import (
     MODEL_ALIASES,
     ApiError,
@@ -39,6 +38,7 @@ from s2s_daemon.intake.http.api import (
     unanswered,
     with_openai_names,
 )
+from s2s_daemon.intake.http.api_key import key_file_exposure, read_api_key
 from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, WavEncoder, encoder_factory
 from s2s_daemon.intake.http.guard import RequestGuard, json_body
 from s2s_daemon.intake.http.limits import ConnectionGuard, ListenerLimits
@@ -210,7 +210,7 @@ class HttpSpeechServer:
         app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_get("/v1/audio/voices", self._voices)
         self.monitor.add_to(app)  # /health, /ready, /metrics
-        self.open_paths |= WebPage(self).add_routes(app)
+        self.open_paths |= WebPage(self, self.config.max_body_bytes).add_routes(app)
         return app
 
     async def start(self) -> None:
