@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import codecs
 import functools
-import json
 import sys
 import threading
 from dataclasses import replace
@@ -20,11 +19,12 @@ from s2s_daemon.audio.sink import AudioDeviceError, AudioSink, WavSink
 from s2s_daemon.config import DaemonConfig
 from s2s_daemon.errors import EXIT_FAILURE, EXIT_OK, ConfigError, UnavailableError
 from s2s_daemon.events.publisher import latency_payload
-from s2s_daemon.intake.schemas import parse_say, parse_stream_piece
+from s2s_daemon.intake.admission import SayAsk, admit
 from s2s_daemon.pipeline.jobs import Job
 from s2s_daemon.pipeline.messages import Status
 from s2s_daemon.pipeline.textfeed import TextFeed
-from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice
+from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo
+from s2s_daemon.pipeline.voice_policy import command_line_voice
 from s2s_daemon.pipeline.voices import VoiceLibrary
 from s2s_daemon.tts.engine import SynthesisRequest
 from s2s_daemon.wiring import build_pipeline, load_engine, voice_library
@@ -55,37 +55,17 @@ class LogEvents:
         return None
 
 
-def default_voice(
-    config: DaemonConfig, cli_voice: str | None, info: EngineInfo, library: VoiceLibrary | None = None
-) -> str | None:
-    """The voice to speak in: ``--voice`` wins; then a ``tts.voice`` the user configured; then the
-    model's first speaker when the built-in default ``tts.voice`` is not one of this model's. A name
-    that is no preset speaker may be a voice of ``library``."""
-    named = cli_voice if cli_voice is not None else config.tts.voice if "voice" in config.tts.model_fields_set else None
-    if library is not None and named is not None and named.strip().lower() not in {v.lower() for v in info.voices}:
-        try:
-            found = library.lookup(named)
-        except EngineError as exc:
-            raise ConfigError(f"{'--voice' if cli_voice is not None else 'tts.voice'}: {exc}") from exc
-        if found is not None:
-            return found.name
-    if cli_voice is None and not info.voices:
-        return None  # a Base or VoiceDesign model: no preset speakers
-    wanted: str | None
-    if cli_voice is not None:
-        key, wanted = "--voice", cli_voice
-    elif "voice" in config.tts.model_fields_set:
-        key, wanted = "tts.voice", config.tts.voice
-    else:
-        wanted = config.tts.voice
-        if wanted is None or wanted.lower() in {v.lower() for v in info.voices}:
-            return match_voice(wanted, info.voices, None)
-        log.info("voice_default", configured=wanted, model_voices=len(info.voices), voice=info.voices[0])
-        return info.voices[0]
+def default_voice(config: DaemonConfig, cli_voice: str | None, info: EngineInfo, library: VoiceLibrary) -> str | None:
+    """The voice to speak in (``voice_policy.command_line_voice``); ConfigError naming ``--voice`` or
+    ``tts.voice`` when it is none this model can speak."""
+    explicit = "voice" in config.tts.model_fields_set
     try:
-        return match_voice(wanted, info.voices, None)
+        voice, replaced = command_line_voice(cli_voice, config.tts.voice, explicit, info.voices, library)
     except EngineError as exc:
-        raise ConfigError(f"{key}: {exc}") from exc
+        raise ConfigError(f"{'--voice' if cli_voice is not None else 'tts.voice'}: {exc}") from exc
+    if replaced:
+        log.info("voice_default", configured=config.tts.voice, model_voices=len(info.voices), voice=voice)
+    return voice
 
 
 STDIN_IDLE_S = 24 * 3600.0
@@ -154,17 +134,19 @@ async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
         pipeline = build_pipeline(
             config, worker, info, sink, events, max_pending=1, default_voice=voice, template=template
         )
-        fields = {"voice": voice, "language": args.language, "instruct": args.instruct}
-        fields = {k: v for k, v in fields.items() if v is not None}
         feed: TextFeed | None = None
-        if args.text == "-":  # a text still being written: spoken sentence by sentence as it comes
-            piece = parse_stream_piece(json.dumps({"id": "stdin", "seq": 0, **fields}).encode(), pipeline.rules)
-            assert piece.opening is not None
-            parsed = piece.opening
+        streamed = args.text == "-"  # a text still being written: spoken sentence by sentence as it comes
+        ask = SayAsk(
+            "" if streamed else args.text,
+            id="stdin" if streamed else None,
+            voice=voice,
+            language=args.language,
+            instruct=args.instruct,
+        )
+        parsed = admit(ask, pipeline.rules, origin="cli", streamed=streamed)
+        if streamed and parsed.error is None:
             feed = TextFeed(pipeline.rules.max_text_chars, STDIN_IDLE_S)
-            parsed = replace(parsed, request=replace(parsed.request, feed=feed, origin="cli"))
-        else:
-            parsed = parse_say(json.dumps({"text": args.text, **fields}).encode(), pipeline.rules, origin="cli")
+            parsed = replace(parsed, request=replace(parsed.request, feed=feed))
         if parsed.error is not None:
             log.error("request_rejected", code=str(parsed.error.code), reason=parsed.error.message)
             return EXIT_FAILURE

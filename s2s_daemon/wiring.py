@@ -13,7 +13,6 @@ events, journal outbox, intakes, MQTT link, listeners), built in one direction.
 from __future__ import annotations
 
 import asyncio
-import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,10 +27,10 @@ from s2s_daemon.errors import ConfigError, UnavailableError
 from s2s_daemon.events.discovery import HaDiscovery
 from s2s_daemon.events.metrics import DaemonMetrics, MeteredEvents
 from s2s_daemon.events.publisher import MqttEvents
+from s2s_daemon.intake.admission import IntakeRules
 from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.mqtt import MQTT_ORIGINS, MqttIntake
 from s2s_daemon.intake.pool import PoolHandBack
-from s2s_daemon.intake.schemas import IntakeRules
 from s2s_daemon.intake.streams import StreamIntake
 from s2s_daemon.mqtt.connection import MqttProtocol
 from s2s_daemon.mqtt.link import MqttLink
@@ -45,13 +44,13 @@ from s2s_daemon.pipeline.outbox import DurableRequests, Outbox
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice, normalize_language
-from s2s_daemon.pipeline.voices import VoiceKind, VoiceLibrary, default_voices_dir
+from s2s_daemon.pipeline.voice_policy import VoicePolicy, check_configured, no_default_voice
+from s2s_daemon.pipeline.voices import VoiceLibrary, default_voices_dir
 from s2s_daemon.tts.engine import (
     CheckpointError,
     ModelUnavailableError,
     SynthesisRequest,
     TtsEngine,
-    UnknownVoiceError,
 )
 from s2s_daemon.tts.registry import create_engine, engine_options
 from s2s_daemon.tts.stage import TtsStage
@@ -96,18 +95,8 @@ async def load_engine(
         await worker.close()
         raise UnavailableError(f"engine {config.tts.engine!r} failed to load {config.tts.model!r}: {exc}") from exc
     try:
-        voice = config.tts.voice
-        if voice is not None and voice.strip().lower() not in {v.lower() for v in info.voices}:
-            if info.voices:
-                if voice_library(config, info).lookup(voice) is None:
-                    match_voice(voice, info.voices, None)
-            elif "voice" in config.tts.model_fields_set:  # no presets: it must be a library voice
-                library = voice_library(config, info)
-                if library.lookup(voice) is None:
-                    raise UnknownVoiceError(
-                        f"voice {voice!r} is not in the voice library ({library.root}) and this"
-                        f" {info.mode} model has no preset speakers; {_library_choices(library)}"
-                    )
+        explicit = "voice" in config.tts.model_fields_set
+        check_configured(config.tts.voice, info.voices, voice_library(config, info), explicit)
         normalize_language(config.tts.language, info.languages)
     except EngineError as exc:
         await worker.close()
@@ -119,31 +108,6 @@ async def load_engine(
 def voice_library(config: DaemonConfig, info: EngineInfo) -> VoiceLibrary:
     """The library of named voices (``tts.voices_dir``) as the loaded model can speak them."""
     return VoiceLibrary(config.tts.voices_dir or default_voices_dir(), info.mode)
-
-
-def _library_choices(library: VoiceLibrary) -> str:
-    names = [name for name, kind in library.names().items() if kind is VoiceKind.CLONE]
-    if names:
-        return f"its clone voices: {', '.join(names)}"
-    return "make one with: s2s-daemon voices add NAME --ref-audio FILE.wav --ref-text 'what it says'"
-
-
-def no_default_voice(config: DaemonConfig, info: EngineInfo, library: VoiceLibrary, voice: str | None) -> str | None:
-    """Why requests to this model must name a voice, or None. A Base model clones a recording and
-    has no voice of its own: without ``tts.voice`` naming a library voice (or a ``say --ref-audio``)
-    there is nothing to speak with, and a request that names no voice is refused, saying how to
-    make one, rather than spoken in a voice the model was never given."""
-    if info.mode != "base" or info.voices:
-        return None
-    try:
-        if voice is not None and library.lookup(voice) is not None:
-            return None
-    except UnknownVoiceError:  # a voice of another kind: load_engine refused a tts.voice set so
-        pass
-    return (
-        "this Base model speaks cloned voices only and has no default voice: name a library voice in"
-        f" the request, or set tts.voice to one ({_library_choices(library)})"
-    )
 
 
 UTTERANCES_AHEAD = 1
@@ -158,10 +122,6 @@ class Pipeline:
     tts: TtsStage
     playback: PlaybackStage
     library: VoiceLibrary | None = None
-
-    def voice_kinds(self) -> dict[str, str]:
-        """Every voice a request may name, preset speakers and library voices, with its kind (``info``)."""
-        return voice_kinds(self.rules)
 
     def snapshot(self) -> tuple[str, str | None, int]:
         """(idle|synthesizing|speaking, current id, queue length) for the retained state topic."""
@@ -188,7 +148,7 @@ def build_rules(
     library = voice_library(config, info)
     voice = config.tts.voice if default_voice is None else default_voice
     cloning = template is not None and template.ref_audio is not None  # say --ref-audio
-    no_default = None if cloning else no_default_voice(config, info, library, voice)
+    no_default = None if cloning else no_default_voice(info.mode, info.voices, library, voice)
     if no_default is not None:
         voice = None
         log.warning("no_default_voice", model=info.model, mode=info.mode, requests_without_a_voice=no_default)
@@ -198,23 +158,11 @@ def build_rules(
         site_id=config.site_id,
         max_text_chars=config.tts.max_text_chars,
         max_instruct_chars=config.tts.max_instruct_chars,
-        voices=info.voices,
+        voices=VoicePolicy(info.voices, voice, library, no_default),
         languages=info.languages,
-        default_voice=voice,
         default_language=config.tts.language,
-        library=library,
         stream_idle_s=config.tts.stream_idle_s,
-        no_default=no_default,
     )
-
-
-def voice_kinds(rules: IntakeRules) -> dict[str, str]:
-    """Every voice a request may name, preset speakers and library voices, with its kind (``info``)."""
-    kinds: dict[str, str] = {}
-    if rules.library is not None:
-        kinds.update({name: str(kind) for name, kind in rules.library.names().items()})
-    kinds.update({name: str(VoiceKind.PRESET) for name in rules.voices})  # presets win a clash
-    return kinds
 
 
 def build_pipeline(
@@ -236,7 +184,7 @@ def build_pipeline(
     ledger = Ledger(requests, events, config.queue.dedup_window)
     if rules is None:
         rules = build_rules(config, info, default_voice=default_voice, template=template)
-    library = rules.library
+    library = rules.voices.library
     utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
     # Only a speaker heard as it plays is worth waiting for: a file, the discard sink and callers'
     # streams take the audio as it comes, and nobody is kept out of the engine's steps for them.
@@ -319,7 +267,7 @@ async def build_daemon(
         qos=config.mqtt.qos,
         hermes=config.mqtt.hermes,
         on_utterance_end=hooks.on_utterance_end,
-        voice_kinds=functools.partial(voice_kinds, rules),
+        voice_kinds=rules.voices.kinds,
         outbox=outbox,
     )
     gate = VadGate(config.vad.max_wait_s)

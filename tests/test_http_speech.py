@@ -304,6 +304,26 @@ async def test_concurrent_requests_share_the_queue_with_mqtt(tmp_path: Path, mos
         assert 0 <= latency[ids[0]]["ttfaMs"] <= latency[ids[0]]["e2eMs"]
 
 
+async def test_a_long_input_is_text_too_long_as_it_was_sent(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """The speech request is checked as it was sent (``admission.admit``), not re-encoded as an MQTT
+    payload: 800,000 characters of "é" (1.6 MB as sent, 4.8 MB once escaped as JSON's ASCII) in a
+    body the API takes (``http.max_body_bytes``) are ``text_too_long`` naming ``input``, not a
+    ``bad_payload`` about a payload the client never sent."""
+    text = "é" * 800_000
+    async with (
+        speech_api(tmp_path, mosquitto, http={"max_body_bytes": 2 * 1024 * 1024}) as api,
+        aiohttp.ClientSession(api.base_url) as http,
+    ):
+        headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+        body = io.BytesIO(
+            json.dumps({"model": "tts-1", "input": text}, ensure_ascii=False).encode()
+        )  # not raw bytes: large
+        async with http.post("/v1/audio/speech", data=body, headers=headers) as r:
+            error = (await r.json())["error"]
+        assert (r.status, error["code"], error["param"]) == (400, "text_too_long", "input"), error
+        assert error["message"] == f"text has {len(text)} characters; the limit is 2000", error
+
+
 async def test_errors_are_openai_error_json(tmp_path: Path, mosquitto: Mosquitto) -> None:
     speech = "/v1/audio/speech"
     good = {"model": "tts-1", "input": "hi", "voice": "alloy"}

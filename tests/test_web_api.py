@@ -395,16 +395,17 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
     from s2s_daemon.config import HttpConfig
     from s2s_daemon.events.metrics import DaemonMetrics
     from s2s_daemon.events.readiness import Readiness
+    from s2s_daemon.intake.admission import IntakeRules
     from s2s_daemon.intake.http import web as web_module
     from s2s_daemon.intake.http.live import LiveFeed
     from s2s_daemon.intake.http.monitor import MonitorRoutes
     from s2s_daemon.intake.http.server import HttpSpeechServer
-    from s2s_daemon.intake.schemas import IntakeRules
     from s2s_daemon.mqtt.packets import OutMessage
     from s2s_daemon.mqtt.topics import Topics
     from s2s_daemon.pipeline.jobs import Job, Ledger
     from s2s_daemon.pipeline.queue import RequestQueue
     from s2s_daemon.pipeline.vocabulary import EngineInfo
+    from s2s_daemon.pipeline.voice_policy import VoicePolicy
     from s2s_daemon.pipeline.voices import VoiceLibrary
 
     class NoEvents:
@@ -432,7 +433,9 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
 
     monkeypatch.setattr(web_module, "machine", machine_while_an_event_comes)
     info = EngineInfo("tone", "m", "cpu", 24000, voices=("Ryan",))
-    rules = IntakeRules("kitchen", 100, info.voices, info.languages, None, "auto", VoiceLibrary(tmp_path, info.mode))
+    rules = IntakeRules(
+        "kitchen", 100, VoicePolicy(info.voices, None, VoiceLibrary(tmp_path, info.mode)), info.languages, "auto"
+    )
     server = HttpSpeechServer(HttpConfig(), MonitorRoutes(Readiness(), DaemonMetrics()))
     server.attach(Ledger(RequestQueue(4), NoEvents(), 16), rules, info, feed)
     async with TestClient(TestServer(server.app())) as client:

@@ -49,7 +49,8 @@ with warnings.catch_warnings():
 from s2s_daemon import __version__
 from s2s_daemon.config import WyomingConfig
 from s2s_daemon.errors import UnavailableError
-from s2s_daemon.intake.schemas import MAX_NAME_CHARS, IntakeRules, Parsed, parse_say, resolve_voice
+from s2s_daemon.intake.admission import IntakeRules, Parsed, SayAsk, admit
+from s2s_daemon.intake.schemas import MAX_NAME_CHARS
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.messages import ErrorCode, Status
@@ -377,7 +378,7 @@ class WyomingConnection:
             if self._streamed:
                 log.debug("wyoming_synthesize_ignored", peer=self.peer, reason="streamed")
                 return
-            text = self._text_field(event).strip()  # as parse_say reads it
+            text = self._text_field(event).strip()  # as admission.spoken_text reads it
             voice, language = self._voice(event.data.get("voice"))
             if len(text) > self.server.rules.max_text_chars:
                 self._reject_now(Text(text, voice, language, uuid.uuid4().hex, now))
@@ -447,9 +448,9 @@ class WyomingConnection:
             )
         rules = self.server.rules
         try:
-            if not rules.voices and name is not None and name.strip().lower() == NO_PRESET_VOICE:
+            if not rules.voices.presets and name is not None and name.strip().lower() == NO_PRESET_VOICE:
                 name = None
-            canonical = resolve_voice(name, rules) if name is not None else None
+            canonical = rules.voices.resolve(name) if name is not None else None
             return canonical, self._language(language) if language is not None else None
         except EngineError as exc:
             raise Refused(ErrorCode.parse(exc.code, ErrorCode.BAD_PAYLOAD), str(exc)) from exc
@@ -483,13 +484,8 @@ class WyomingConnection:
             self._outbox.close()
 
     def _parse(self, text: Text) -> Parsed:
-        fields: dict[str, str] = {"text": text.text, "sessionId": text.session_id}
-        if text.voice is not None:
-            fields["voice"] = text.voice
-        if text.language is not None:
-            fields["language"] = text.language
-        rules = self.server.rules
-        return parse_say(json.dumps(fields).encode(), rules, origin="wyoming", received_at=text.received_at)
+        ask = SayAsk(text.text, voice=text.voice, language=text.language, session_id=text.session_id)
+        return admit(ask, self.server.rules, origin="wyoming", received_at=text.received_at)
 
     def _submit(self, text: Text) -> Speech:
         server = self.server
@@ -584,9 +580,7 @@ class WyomingServer:
 
     def info_now(self) -> Event:
         """The ``info`` answer with the voice library as it is now (scanned on each ``describe``)."""
-        library = self.rules.library
-        presets = {v.lower() for v in self.engine_info.voices}
-        named = tuple(n for n in library.names() if n.lower() not in presets) if library is not None else ()
+        named = tuple(self.rules.voices.library_voices())
         return describe(self.engine_info, self.site_id, named).event() if named else self.info_event
 
     async def start(self) -> None:

@@ -28,13 +28,14 @@ from aiohttp import web
 
 from s2s_daemon.config import HttpConfig
 from s2s_daemon.errors import UnavailableError
+from s2s_daemon.intake.admission import IntakeRules, admit
 from s2s_daemon.intake.http.api import (
     MODEL_ALIASES,
     ApiError,
     SpeechPayload,
     invalid_request,
     parse_speech,
-    say_payload,
+    speech_ask,
     unanswered,
     with_openai_names,
 )
@@ -45,11 +46,10 @@ from s2s_daemon.intake.http.limits import ConnectionGuard, ListenerLimits
 from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.http.monitor import MonitorRoutes
 from s2s_daemon.intake.http.web import WebPage
-from s2s_daemon.intake.schemas import IntakeRules, parse_say, resolve_voice
 from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.messages import ErrorCode, Status
 from s2s_daemon.pipeline.output import CallerStream
-from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, Samples, model_name
+from s2s_daemon.pipeline.vocabulary import EngineInfo, Samples, model_name
 
 log = structlog.get_logger(__name__)
 
@@ -309,17 +309,12 @@ class HttpSpeechServer:
         return web.json_response(self._model_object(model_id))
 
     async def _voices(self, request: web.Request) -> web.Response:
-        try:
-            default = resolve_voice(None, self.rules)  # None: a request must name its voice
-        except EngineError:
-            default = None
-        presets = {v.lower() for v in self.info.voices}
-        library = self.rules.library.names() if self.rules.library is not None else {}
-        named = [{"id": n, "name": n, "kind": str(k)} for n, k in library.items() if n.lower() not in presets]
+        policy = self.rules.voices
+        named = [{"id": n, "name": n, "kind": str(k)} for n, k in policy.library_voices().items()]
         return web.json_response(
             {
                 "voices": [{"id": v, "name": v} for v in self.info.voices] + named,
-                "default": default,
+                "default": policy.default_voice(),  # None: a request must name its voice
                 "languages": list(self.info.languages),
             }
         )
@@ -329,7 +324,7 @@ class HttpSpeechServer:
     async def _speech(self, request: web.Request) -> web.StreamResponse:
         received = time.monotonic()
         speech = parse_speech(await json_body(request))
-        parsed = parse_say(say_payload(speech, self.rules), self.rules, origin="http", received_at=received)
+        parsed = admit(speech_ask(speech, self.rules), self.rules, origin="http", received_at=received)
         if parsed.error is not None and parsed.error.code is ErrorCode.UNKNOWN_VOICE:
             parsed = dataclasses.replace(parsed, error=with_openai_names(parsed.error, self.rules))
         if parsed.error is not None:
