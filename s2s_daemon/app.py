@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -19,6 +20,8 @@ from s2s_daemon.events.memory import memory_payload
 from s2s_daemon.events.metrics import DaemonMetrics
 from s2s_daemon.events.publisher import MqttEvents, now_ms
 from s2s_daemon.events.readiness import Phase, Readiness
+from s2s_daemon.intake.door import CLOSE_TIMEOUT_S as INTAKE_CLOSE_S
+from s2s_daemon.intake.door import IntakeOpener
 from s2s_daemon.intake.http import open_http_server, open_monitor_server, require_http_extra, require_monitor_extra
 from s2s_daemon.mqtt.broker import EmbeddedBroker
 from s2s_daemon.mqtt.topics import Topics
@@ -29,6 +32,9 @@ from s2s_daemon.pipeline.vocabulary import EngineInfo
 from s2s_daemon.progress import Progress
 from s2s_daemon.tts.worker import EngineWorker
 from s2s_daemon.wiring import DaemonHooks, DaemonParts, build_daemon, load_engine, require_wyoming
+
+if TYPE_CHECKING:  # aiohttp is an extra: the server is imported where it is opened
+    from s2s_daemon.intake.http.server import HttpSpeechServer
 
 log = structlog.get_logger(__name__)
 
@@ -44,9 +50,16 @@ ACCEPT_FAILED = "socket.accept() out of system resource"
 class Daemon:
     """Runs the daemon through its phases (the graph is ``wiring.build_daemon``'s). The constructor does no I/O."""
 
-    def __init__(self, config: DaemonConfig, notifier: SystemdNotifier | None = None) -> None:
+    def __init__(
+        self,
+        config: DaemonConfig,
+        notifier: SystemdNotifier | None = None,
+        intakes: Sequence[IntakeOpener] | None = None,
+    ) -> None:
         self.config = config
         self.notifier = notifier or SystemdNotifier.from_env()
+        self.intakes = intakes
+        """The intakes' openers (``wiring.INTAKES`` when None)."""
         self.topics = Topics(config.mqtt.topic_prefix, config.site_id, config.mqtt.shared_group)
         self._stop = asyncio.Event()
         self._sigint_count = 0
@@ -131,7 +144,7 @@ class Daemon:
                 listeners.push_async_callback(http.close)  # the drain closed it already: a no-op then
             return await self._start_up(http)
 
-    async def _start_up(self, http: Any) -> int:
+    async def _start_up(self, http: HttpSpeechServer | None) -> int:
         """startup (engine, warm-up, sink, embedded broker) -> serve -> stop (close them in reverse)."""
         cfg = self.config
         broker: EmbeddedBroker | None = None
@@ -193,12 +206,14 @@ class Daemon:
         sink: AudioSink,
         journal: RequestJournal | None = None,
         recovered: Recovered | None = None,
-        http: Any = None,
+        http: HttpSpeechServer | None = None,
     ) -> int:
         """ready -> run -> drain, with every long-lived task in one group."""
         cfg = self.config
         hooks = DaemonHooks(on_utterance_end=self._memory_now.set, on_denied=self._subscription_denied)
-        wiring = await build_daemon(cfg, self.topics, worker, info, sink, self.metrics, hooks, journal, http)
+        wiring = await build_daemon(
+            cfg, self.topics, worker, info, sink, self.metrics, hooks, journal, http, self.intakes
+        )
         self._parts = wiring
         self.readiness.broker_connected = wiring.link.connected.is_set
         self.metrics.watch(queue_depth=wiring.pipeline.requests.__len__, ready=self.readiness.ready)
@@ -238,7 +253,7 @@ class Daemon:
             link=tg.create_task(wiring.link.run(), name="s2s.mqtt"),
             tts=tg.create_task(pipeline.tts.run(), name="s2s.tts"),
             playback=tg.create_task(pipeline.playback.run(), name="s2s.playback"),
-            wyoming=tg.create_task(wiring.wyoming.run(), name="s2s.wyoming") if wiring.wyoming is not None else None,
+            intakes=[tg.create_task(intake.run(), name=f"s2s.{intake.name}") for intake in wiring.intakes],
             journal=tg.create_task(wiring.durable.journal.run(), name="s2s.journal")
             if wiring.durable is not None
             else None,
@@ -247,10 +262,6 @@ class Daemon:
         tasks.helpers.append(tg.create_task(self._memory_loop(worker, wiring.events), name="s2s.telemetry.memory"))
         if self.notifier.watchdog_interval_s:
             tasks.helpers.append(tg.create_task(self._watchdog(worker), name="s2s.watchdog"))
-        if wiring.vad is not None:
-            tasks.helpers.append(tg.create_task(wiring.vad.run(), name="s2s.vad"))
-        if wiring.http is not None:  # cancelled after the drain: closes, letting responses being written end
-            tasks.helpers.append(tg.create_task(wiring.http.serve(), name="s2s.http"))
         return tasks
 
     async def _drain(self, wiring: DaemonParts, tasks: _Tasks) -> None:
@@ -268,8 +279,8 @@ class Daemon:
         ledger.close()  # accepts no more; queued requests are answered cancelled
         if wiring.streams is not None:
             wiring.streams.close()  # an open stream takes no more text: what came is spoken
-        if wiring.wyoming is not None:
-            wiring.wyoming.stop_accepting()
+        for intake in wiring.intakes:
+            intake.drain()
         if pool is not None:
             # Leave the shared group first, so that the broker sends the hand-backs (and new pool
             # requests) to the other members; pool requests arriving meanwhile are held too.
@@ -288,12 +299,12 @@ class Daemon:
             for task in pending:
                 task.cancel()
         ledger.abandon(RequestError(ErrorCode.SHUTTING_DOWN, "the daemon stopped"))
-        if tasks.wyoming is not None:
-            wiring.wyoming.close()  # every synthesis has ended: its clients get what is left, then hang-up
-            await asyncio.wait({tasks.wyoming}, timeout=CLOSE_TIMEOUT_S)
-            tasks.wyoming.cancel()
-        if wiring.vad is not None:
-            await wiring.vad.close()
+        for intake, task in zip(wiring.intakes, tasks.intakes, strict=True):
+            # Every synthesis has ended: its clients get what is left, then the hang-up.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(INTAKE_CLOSE_S):
+                    await intake.close()
+            task.cancel()
         for task in tasks.helpers:
             task.cancel()
         if wiring.durable is not None:  # the last terminal events go out before the link closes
@@ -373,7 +384,8 @@ class _Tasks:
     link: asyncio.Task[None]
     tts: asyncio.Task[None]
     playback: asyncio.Task[None]
-    wyoming: asyncio.Task[None] | None
+    intakes: list[asyncio.Task[None]]
+    """One per intake, in ``DaemonParts.intakes``' order."""
     journal: asyncio.Task[None] | None = None
     helpers: list[asyncio.Task[Any]] = field(default_factory=list)
     """Cancelled at the end of the drain."""

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -28,6 +28,7 @@ from s2s_daemon.events.discovery import HaDiscovery
 from s2s_daemon.events.metrics import DaemonMetrics, MeteredEvents
 from s2s_daemon.events.publisher import MqttEvents
 from s2s_daemon.intake.admission import IntakeRules
+from s2s_daemon.intake.door import Intake, IntakeContext, IntakeOpener
 from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.mqtt import MQTT_ORIGINS, MqttIntake
 from s2s_daemon.intake.pool import PoolHandBack
@@ -56,6 +57,11 @@ from s2s_daemon.tts.registry import create_engine, engine_options
 from s2s_daemon.tts.stage import TtsStage
 from s2s_daemon.tts.worker import EngineWorker
 from s2s_daemon.vad.policy import BargeIn, VadGate
+
+if TYPE_CHECKING:  # their modules need extras (aiohttp, a microphone): imported where they are opened
+    from s2s_daemon.intake.http.server import HttpSpeechServer
+    from s2s_daemon.vad.detector import VadEvent
+    from s2s_daemon.vad.stage import VadStage
 
 log = structlog.get_logger(__name__)
 
@@ -225,9 +231,9 @@ class DaemonParts:
     pipeline: Pipeline
     events: MqttEvents
     link: MqttLink
-    wyoming: Any
-    http: Any
-    vad: Any
+    intakes: tuple[Intake, ...]
+    """The doors beside MQTT's (``INTAKES``, the microphone's barge-in, the speech API last): run,
+    drained and closed by the lifecycle in one loop."""
     durable: DurableRequests | None = None
     """The journal's side of admission (and through it the outbox); None without the journal."""
     pool: PoolHandBack | None = None
@@ -245,16 +251,17 @@ async def build_daemon(
     metrics: DaemonMetrics,
     hooks: DaemonHooks,
     journal: RequestJournal | None = None,
-    http: Any = None,
+    http: HttpSpeechServer | None = None,
+    openers: Sequence[IntakeOpener] | None = None,
 ) -> DaemonParts:
     """The daemon's graph, each part built after what it needs. The MQTT link comes last (it needs
     the intake, which needs the ledger, which needs the events): the parts before it publish
     through a ``Publisher`` bound to the link once it exists. With the journal, terminal events go
     through the ``Outbox`` and the MQTT intake acknowledges what it journaled once committed; every
     terminal event is counted into the metrics first (``MeteredEvents``); the web page's live view
-    taps every event published (``LiveFeed``). Servers that listen are bound here (a taken port is
-    exit 69 before anything runs); the speech API, listening since before the model loaded, is
-    handed the pipeline."""
+    taps every event published (``LiveFeed``). The intakes (``openers``: ``INTAKES`` unless a test
+    names others) are opened here, listening (a taken port is exit 69 before anything runs); the
+    speech API, listening since before the model loaded, is handed the pipeline."""
     publisher = Publisher()
     feed = LiveFeed(topics) if config.http.enabled else None
     publish: Callable[[OutMessage], None] = feed.tap(publisher) if feed is not None else publisher
@@ -306,11 +313,19 @@ async def build_daemon(
     )
     publisher.bind(link.publish)
     link.prepare()
-    wyoming = await open_wyoming(config, ledger, rules, info)
-    if http is not None:
-        http.attach(ledger, rules, info, feed)
+    context = IntakeContext(ledger, rules, info)
+    intakes: list[Intake] = []
+    for opener in INTAKES if openers is None else openers:
+        opened = await opener(config, context)
+        if opened is not None:
+            intakes.append(opened)
     vad = await open_vad(config, ledger, events, gate)
-    return DaemonParts(pipeline, events, link, wyoming, http, vad, durable, pool, intake.streams)
+    if vad is not None:
+        intakes.append(vad)
+    if http is not None:  # listening since before the model loaded (the probes): closed last
+        http.attach(ledger, rules, info, feed)
+        intakes.append(http)
+    return DaemonParts(pipeline, events, link, tuple(intakes), durable, pool, intake.streams)
 
 
 def require_wyoming() -> None:
@@ -322,19 +337,27 @@ def require_wyoming() -> None:
         raise UnavailableError(msg) from exc
 
 
-async def open_wyoming(config: DaemonConfig, ledger: Ledger, rules: IntakeRules, info: EngineInfo) -> Any:
-    """The Wyoming TTS server, listening (a taken port is exit 69); None when it is off."""
+async def open_wyoming(config: DaemonConfig, context: IntakeContext) -> Intake | None:
+    """The Wyoming TTS server, listening (a taken port is exit 69); None when it is off. Its module
+    is imported here: the ``wyoming`` package is an extra."""
     if not config.wyoming.enabled:
         return None
     require_wyoming()
     from s2s_daemon.intake.wyoming import WyomingServer
 
-    server = WyomingServer(config.wyoming, ledger, rules, info, config.site_id)
+    server = WyomingServer(config.wyoming, context.ledger, context.rules, context.info, config.site_id)
     await server.start()
     return server
 
 
-async def open_vad(config: DaemonConfig, ledger: Ledger, events: MqttEvents, gate: VadGate) -> Any:
+INTAKES: tuple[IntakeOpener, ...] = (open_wyoming,)
+"""The intakes opened beside MQTT's, in this order (each reads its own config section; None: off).
+A new intake is its module and one line here (docs/extending.md: adding an intake). The speech API
+(opened before the model loads, for the probes) and the microphone's barge-in are added by
+``build_daemon`` itself."""
+
+
+async def open_vad(config: DaemonConfig, ledger: Ledger, events: MqttEvents, gate: VadGate) -> VadStage | None:
     """The microphone's voice activity stage, open (its events and the barge-in); None when it is off."""
     if not config.vad.enabled:
         return None
@@ -342,7 +365,7 @@ async def open_vad(config: DaemonConfig, ledger: Ledger, events: MqttEvents, gat
 
     barge_in = BargeIn(config.vad.policy, gate, ledger)
 
-    def on_event(event: Any) -> None:
+    def on_event(event: VadEvent) -> None:
         events.vad(event.speaking, event.signal_ms)
         barge_in.on_speech(event.speaking)
 

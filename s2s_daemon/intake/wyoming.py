@@ -82,6 +82,8 @@ NO_PRESET_VOICE = "default"
 """The one voice advertised for a model without preset speakers (VoiceDesign, Base)."""
 WRITE_TIMEOUT_S = 10.0
 """A client that takes longer than this to accept one event is treated as gone."""
+CLOSE_TIMEOUT_S = 5.0
+"""At shutdown, the longest ``close`` waits for the connections and the advertisement to end."""
 CLOSE_GRACE_S = 2.0
 """At shutdown, how long connections may take to write what they hold before they are cut."""
 ZEROCONF_TIMEOUT_S = 5.0
@@ -555,7 +557,11 @@ class WyomingConnection:
 
 
 class WyomingServer:
-    """The listener, its connections and its zeroconf advertisement. The constructor does no I/O."""
+    """The listener, its connections and its zeroconf advertisement: an ``Intake`` (``door.py``).
+    The constructor does no I/O."""
+
+    name = "wyoming"
+    origins = frozenset({"wyoming"})
 
     def __init__(
         self, config: WyomingConfig, ledger: Ledger, rules: IntakeRules, info: EngineInfo, site_id: str
@@ -573,6 +579,8 @@ class WyomingServer:
         self._connections: dict[asyncio.Task[None], WyomingConnection] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._closing = asyncio.Event()
+        self._stopped = asyncio.Event()
+        """``run`` has returned."""
         self._zeroconf: Any = None
         self._refused = 0
         """Connections refused at ``max_connections`` since the last log line about them."""
@@ -624,6 +632,11 @@ class WyomingServer:
             self._tg = None
             self.stop_accepting()
             await self._unadvertise()
+            self._stopped.set()
+
+    def drain(self) -> None:
+        """The daemon drains: no new connections (those open get ``shutting_down`` for new requests)."""
+        self.stop_accepting()
 
     def stop_accepting(self) -> None:
         """Drain begins: no new connections (those open get ``shutting_down`` for new requests)."""
@@ -631,9 +644,14 @@ class WyomingServer:
             self._server.close()
             log.info("wyoming_stopped_accepting")
 
-    def close(self) -> None:
-        """Every synthesis has ended: let ``run()`` finish the connections and return."""
+    async def close(self) -> None:
+        """Every synthesis has ended: let ``run()`` finish the connections, and wait until it returned
+        (at most ``CLOSE_TIMEOUT_S``: the daemon then cancels it)."""
         self._closing.set()
+        if self._server is not None:  # started: its run ends
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await self._stopped.wait()
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")

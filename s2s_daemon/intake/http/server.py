@@ -45,7 +45,7 @@ from s2s_daemon.intake.http.guard import RequestGuard, json_body
 from s2s_daemon.intake.http.limits import ConnectionGuard, ListenerLimits
 from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.http.monitor import MonitorRoutes
-from s2s_daemon.intake.http.web import WebPage
+from s2s_daemon.intake.http.web import ORIGIN, WebPage
 from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.messages import ErrorCode, Status
 from s2s_daemon.pipeline.output import CallerStream
@@ -129,10 +129,13 @@ class HttpSpeechServer:
     """``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/audio/voices``, the monitor's
     ``GET /health``, ``/ready``, ``/metrics``, and the web page (``web``), its live view fed by ``feed``.
 
-    The constructor does no I/O; ``start`` reads the key and listens (before the model loads),
-    ``attach`` hands it the pipeline, ``serve`` runs until it is cancelled (the daemon's drain,
-    after the queue is answered), then closes.
+    An ``Intake`` (``door.py``). The constructor does no I/O; ``start`` reads the key and listens
+    (before the model loads), ``attach`` hands it the pipeline, ``run`` serves until ``close`` (the
+    end of the daemon's drain, once the queue is answered: the probes answer through the drain).
     """
+
+    name = "http"
+    origins = frozenset({"http", ORIGIN})
 
     def __init__(self, config: HttpConfig, monitor: MonitorRoutes) -> None:
         self.config = config
@@ -148,6 +151,7 @@ class HttpSpeechServer:
         self.browsers = RequestGuard(config.host, config.allowed_hosts)
         """The Host allow-list and the same-origin rule, checked before the key."""
         self._runner: web.AppRunner | None = None
+        self._closed = asyncio.Event()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._created = int(time.time())
         self.connections = ConnectionGuard(
@@ -237,15 +241,19 @@ class HttpSpeechServer:
         if self._api_key is None and not _is_loopback(cfg.host):
             log.warning("http_without_api_key", host=cfg.host, hint="set http.api_key_file")
 
-    async def serve(self) -> None:
-        """Serve until cancelled; then stop listening, let responses being written finish (at most
-        ``CLOSE_TIMEOUT_S``) and cancel the rest."""
+    async def run(self) -> None:
+        """Serve until ``close`` (or until cancelled: then it closes)."""
         try:
-            await asyncio.get_running_loop().create_future()
+            await self._closed.wait()
         finally:
             await self.close()
 
+    def drain(self) -> None:
+        """Nothing to stop: the ledger answers new speech ``shutting_down`` (503) and the probes say
+        ``draining`` until ``close``."""
+
     async def close(self) -> None:
+        """Stop listening, let responses being written finish (at most ``CLOSE_TIMEOUT_S``) and cancel the rest."""
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -253,6 +261,7 @@ class HttpSpeechServer:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+        self._closed.set()
 
     @property
     def auth_required(self) -> bool:
