@@ -259,16 +259,16 @@ async def build_daemon(
     through a ``Publisher`` bound to the link once it exists. With the journal, terminal events go
     through the ``Outbox`` and the MQTT intake acknowledges what it journaled once committed; every
     terminal event is counted into the metrics first (``MeteredEvents``); the web page's live view
-    taps every event published (``LiveFeed``). The intakes (``openers``: ``INTAKES`` unless a test
-    names others) are opened here, listening (a taken port is exit 69 before anything runs); the
-    speech API, listening since before the model loaded, is handed the pipeline."""
+    hears every event's payload as it is published (``LiveFeed``). The intakes (``openers``:
+    ``INTAKES`` unless a test names others) are opened here, listening (a taken port is exit 69
+    before anything runs); the speech API, listening since before the model loaded, is handed the
+    pipeline."""
     publisher = Publisher()
-    feed = LiveFeed(topics) if config.http.enabled else None
-    publish: Callable[[OutMessage], None] = feed.tap(publisher) if feed is not None else publisher
-    outbox = Outbox(journal, publish, OutMessage.restore, MQTT_ORIGINS) if journal is not None else None
+    feed = LiveFeed() if config.http.enabled else None
+    outbox = Outbox(journal, publisher, OutMessage.restore, MQTT_ORIGINS) if journal is not None else None
     rules = build_rules(config, info)
     events = MqttEvents(
-        publish=publish,
+        publish=publisher,
         topics=topics,
         info=info,
         qos=config.mqtt.qos,
@@ -276,6 +276,7 @@ async def build_daemon(
         on_utterance_end=hooks.on_utterance_end,
         voice_kinds=rules.voices.kinds,
         outbox=outbox,
+        live=feed.add if feed is not None else None,
     )
     gate = VadGate(config.vad.max_wait_s)
     pipeline = build_pipeline(

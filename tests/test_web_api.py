@@ -400,8 +400,6 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
     from s2s_daemon.intake.http.live import LiveFeed
     from s2s_daemon.intake.http.monitor import MonitorRoutes
     from s2s_daemon.intake.http.server import HttpSpeechServer
-    from s2s_daemon.mqtt.packets import OutMessage
-    from s2s_daemon.mqtt.topics import Topics
     from s2s_daemon.pipeline.jobs import Job, Ledger
     from s2s_daemon.pipeline.queue import RequestQueue
     from s2s_daemon.pipeline.vocabulary import EngineInfo
@@ -413,18 +411,14 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
         def finished(self, job: Job) -> None: ...
         def state_changed(self) -> None: ...
 
-    topics = Topics("s2s", "kitchen")
-    feed = LiveFeed(topics)
+    feed = LiveFeed()
     loop = asyncio.get_running_loop()
-
-    def publish(topic: str, payload: dict[str, Any]) -> None:
-        feed.observe(OutMessage(topic, json.dumps(payload).encode(), 0))
 
     def machine_while_an_event_comes() -> dict[str, Any]:
         observed = threading.Event()
 
         def latency() -> None:
-            publish(topics.latency, {"id": "meanwhile"})
+            feed.add("latency", {"id": "meanwhile"})
             observed.set()
 
         loop.call_soon_threadsafe(latency)
@@ -443,7 +437,7 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
         reader = aiter(events(response))
         kind, snapshot = await anext(reader)
         assert kind == "snapshot" and snapshot["machine"] == {"cpu": "test"}
-        publish(topics.state, {"state": "idle", "queue": 0, "currentId": None})
+        feed.add("state", {"state": "idle", "queue": 0, "currentId": None})
         after = [await anext(reader) for _ in range(2)]  # the state, then its jobs
         response.close()
     in_history = [e["id"] for e in snapshot["history"]["latency"]]
