@@ -19,7 +19,7 @@ from s2s_daemon.errors import EXIT_FAILURE, EXIT_NOPERM, EXIT_OK, EXIT_SOFTWARE,
 from s2s_daemon.events.memory import memory_payload
 from s2s_daemon.events.metrics import DaemonMetrics
 from s2s_daemon.events.publisher import MqttEvents, now_ms
-from s2s_daemon.events.readiness import Phase, Readiness
+from s2s_daemon.events.readiness import LifecyclePhase, Readiness
 from s2s_daemon.intake.door import CLOSE_TIMEOUT_S as INTAKE_CLOSE_S
 from s2s_daemon.intake.door import IntakeOpener
 from s2s_daemon.intake.http import open_http_server, open_monitor_server, require_http_extra, require_monitor_extra
@@ -153,7 +153,7 @@ class Daemon:
         if journal is not None:
             journal.on_commit = self.metrics.journal_committed
         try:
-            self.readiness.enter(Phase.LOADING)
+            self.readiness.enter(LifecyclePhase.LOADING)
             worker, info = await load_engine(cfg, on_wedged=self._engine_wedged)
         except BaseException:
             if journal is not None:
@@ -163,10 +163,10 @@ class Daemon:
         sink: AudioSink | None = None
         try:
             if cfg.tts.warmup:
-                self.readiness.enter(Phase.WARMING)
+                self.readiness.enter(LifecyclePhase.WARMING)
                 with Progress("warming_up", started="warming_up", done="warmed_up", engine=info.engine):
                     await worker.warmup()
-            self.readiness.enter(Phase.OPENING)
+            self.readiness.enter(LifecyclePhase.OPENING)
             from s2s_daemon.audio.select import make_sink
 
             sink = make_sink(cfg.audio)
@@ -216,14 +216,14 @@ class Daemon:
         )
         self._parts = wiring
         self.readiness.broker_connected = wiring.link.connected.is_set
-        self.metrics.watch(queue_depth=wiring.pipeline.requests.__len__, ready=self.readiness.ready)
+        self.metrics.watch(queue_depth=wiring.stages.requests.__len__, ready=self.readiness.ready)
         if wiring.durable is not None and recovered is not None:
             queued, expired = wiring.durable.resume(recovered, cfg.queue.resume_max_age_s)
             if recovered.open or recovered.unsent:
                 log.info("journal_resumed", queued=queued, expired=expired, republished=len(recovered.unsent))
         async with asyncio.TaskGroup() as tg:
             tasks = self._start(tg, wiring, worker)
-            self.readiness.enter(Phase.SERVING)
+            self.readiness.enter(LifecyclePhase.SERVING)
             self.notifier.ready(f"ready: {info.engine} {info.model} on {info.device}")
             log.info("ready", engine=info.engine, model=info.model, device=info.device, voices=len(info.voices))
             await self._stop.wait()
@@ -248,17 +248,17 @@ class Daemon:
         self.request_stop()
 
     def _start(self, tg: asyncio.TaskGroup, wiring: DaemonParts, worker: EngineWorker) -> _Tasks:
-        pipeline = wiring.pipeline
+        stages = wiring.stages
         tasks = _Tasks(
             link=tg.create_task(wiring.link.run(), name="s2s.mqtt"),
-            tts=tg.create_task(pipeline.tts.run(), name="s2s.tts"),
-            playback=tg.create_task(pipeline.playback.run(), name="s2s.playback"),
+            tts=tg.create_task(stages.tts.run(), name="s2s.tts"),
+            playback=tg.create_task(stages.playback.run(), name="s2s.playback"),
             intakes=[tg.create_task(intake.run(), name=f"s2s.{intake.name}") for intake in wiring.intakes],
             journal=tg.create_task(wiring.durable.journal.run(), name="s2s.journal")
             if wiring.durable is not None
             else None,
         )
-        tasks.helpers.append(tg.create_task(wiring.events.run_state(pipeline.snapshot), name="s2s.events.state"))
+        tasks.helpers.append(tg.create_task(wiring.events.run_state(stages.snapshot), name="s2s.events.state"))
         tasks.helpers.append(tg.create_task(self._memory_loop(worker, wiring.events), name="s2s.telemetry.memory"))
         if self.notifier.watchdog_interval_s:
             tasks.helpers.append(tg.create_task(self._watchdog(worker), name="s2s.watchdog"))
@@ -268,10 +268,10 @@ class Daemon:
         """Accept no more, let the current utterance end (at most ``shutdown.drain_timeout_s``),
         answer everything still open, say ``offline``."""
         cfg = self.config
-        ledger = wiring.pipeline.ledger
-        self.readiness.enter(Phase.DRAINING)
+        ledger = wiring.stages.ledger
+        self.readiness.enter(LifecyclePhase.DRAINING)
         self.notifier.stopping()
-        log.info("draining", queued=len(wiring.pipeline.requests), timeout_s=cfg.shutdown.drain_timeout_s)
+        log.info("draining", queued=len(wiring.stages.requests), timeout_s=cfg.shutdown.drain_timeout_s)
         deadline = asyncio.get_running_loop().time() + cfg.shutdown.drain_timeout_s
         pool = wiring.pool
         if pool is not None:  # the queued pool requests go back to the pool, not cancelled
@@ -311,7 +311,7 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
                     await wiring.durable.journal.settle()
-        wiring.link.publish(wiring.events.state_message(wiring.pipeline.snapshot()))
+        wiring.link.publish(wiring.events.state_message(wiring.stages.snapshot()))
         await wiring.link.close([wiring.events.status_message(False)], CLOSE_TIMEOUT_S)
         tasks.link.cancel()
         if pool is not None:
@@ -362,7 +362,7 @@ class Daemon:
         log.critical("exiting_engine_wedged", reason=reason, exit_code=EXIT_SOFTWARE)
         if wiring.durable is not None:
             wiring.durable.outbox.leave_open()
-        stopped = wiring.pipeline.ledger.stop_all()
+        stopped = wiring.stages.ledger.stop_all()
         log.info("left_for_restart_total", requests=stopped, journal=wiring.durable is not None)
         self.request_stop()
 

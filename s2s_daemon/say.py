@@ -27,7 +27,7 @@ from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo
 from s2s_daemon.pipeline.voice_policy import command_line_voice
 from s2s_daemon.pipeline.voices import VoiceLibrary
 from s2s_daemon.tts.engine import SynthesisRequest
-from s2s_daemon.wiring import build_pipeline, load_engine, voice_library
+from s2s_daemon.wiring import build_stages, load_engine, voice_library
 
 log = structlog.get_logger(__name__)
 
@@ -131,9 +131,7 @@ async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
             ref_audio=str(args.ref_audio) if args.ref_audio else None,
             ref_text=args.ref_text,
         )
-        pipeline = build_pipeline(
-            config, worker, info, sink, events, max_pending=1, default_voice=voice, template=template
-        )
+        stages = build_stages(config, worker, info, sink, events, max_pending=1, default_voice=voice, template=template)
         feed: TextFeed | None = None
         streamed = args.text == "-"  # a text still being written: spoken sentence by sentence as it comes
         ask = SayAsk(
@@ -143,18 +141,18 @@ async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
             language=args.language,
             instruct=args.instruct,
         )
-        parsed = admit(ask, pipeline.rules, origin="cli", streamed=streamed)
+        parsed = admit(ask, stages.rules, origin="cli", streamed=streamed)
         if streamed and parsed.error is None:
-            feed = TextFeed(pipeline.rules.max_text_chars, STDIN_IDLE_S)
+            feed = TextFeed(stages.rules.max_text_chars, STDIN_IDLE_S)
             parsed = replace(parsed, request=replace(parsed.request, feed=feed))
         if parsed.error is not None:
             log.error("request_rejected", code=str(parsed.error.code), reason=parsed.error.message)
             return EXIT_FAILURE
-        pipeline.ledger.submit(parsed.request)
-        pipeline.requests.close()
+        stages.ledger.submit(parsed.request)
+        stages.requests.close()
         if feed is not None:
             read_stdin(feed)
-        await pipeline.run()
+        await stages.run()
         job = events.finished_job
         if job is None:
             return EXIT_FAILURE

@@ -121,7 +121,10 @@ UTTERANCES_AHEAD = 1
 
 
 @dataclass(frozen=True, slots=True)
-class Pipeline:
+class SpeechStages:
+    """The request queue, the ledger, the rules and the two stages (TTS, playback) that ``run`` and
+    ``say`` share; built of the ``pipeline/`` package's types."""
+
     requests: RequestQueue
     ledger: Ledger
     rules: IntakeRules
@@ -171,7 +174,7 @@ def build_rules(
     )
 
 
-def build_pipeline(
+def build_stages(
     config: DaemonConfig,
     worker: EngineWorker,
     info: EngineInfo,
@@ -183,8 +186,8 @@ def build_pipeline(
     gate: Callable[[], asyncio.Future[None] | None] | None = None,
     template: SynthesisRequest | None = None,
     rules: IntakeRules | None = None,
-) -> Pipeline:
-    """The pipeline for ``config``; ``default_voice`` overrides ``tts.voice`` (``say --voice``);
+) -> SpeechStages:
+    """The speech stages for ``config``; ``default_voice`` overrides ``tts.voice`` (``say --voice``);
     ``rules`` when they were built before (the daemon's events name their voices)."""
     requests = RequestQueue(config.queue.max_pending if max_pending is None else max_pending)
     ledger = Ledger(requests, events, config.queue.dedup_window)
@@ -194,7 +197,7 @@ def build_pipeline(
     utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
     # Only a speaker heard as it plays is worth waiting for: a file, the discard sink and callers'
     # streams take the audio as it comes, and nobody is kept out of the engine's steps for them.
-    realtime = bool(getattr(sink, "realtime", False))
+    realtime = sink.realtime
     pacer = Pacer(enabled=config.audio.gapless and realtime, max_wait_s=config.audio.prebuffer_max_s)
     tts = TtsStage(
         worker,
@@ -211,7 +214,7 @@ def build_pipeline(
         paced_speaker=realtime,
     )
     playback = PlaybackStage(sink, utterances, ledger, pacer)
-    return Pipeline(requests, ledger, rules, tts, playback, library)
+    return SpeechStages(requests, ledger, rules, tts, playback, library)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,9 +229,9 @@ class DaemonHooks:
 
 @dataclass(frozen=True, slots=True)
 class DaemonParts:
-    """What ``build_daemon`` built: the pipeline, its MQTT events and link, and the optional parts."""
+    """What ``build_daemon`` built: the speech stages, their MQTT events and link, the intakes, the rest."""
 
-    pipeline: Pipeline
+    stages: SpeechStages
     events: MqttEvents
     link: MqttLink
     intakes: tuple[Intake, ...]
@@ -279,10 +282,8 @@ async def build_daemon(
         live=feed.add if feed is not None else None,
     )
     gate = VadGate(config.vad.max_wait_s)
-    pipeline = build_pipeline(
-        config, worker, info, sink, MeteredEvents(events, metrics, info), gate=gate.hold, rules=rules
-    )
-    ledger = pipeline.ledger
+    stages = build_stages(config, worker, info, sink, MeteredEvents(events, metrics, info), gate=gate.hold, rules=rules)
+    ledger = stages.ledger
     durable = DurableRequests(outbox, ledger) if outbox is not None else None
     pool = (  # a pool member hands its pool requests back on drain
         PoolHandBack(ledger, rules, topics, publisher, durable) if topics.pool_subscription is not None else None
@@ -297,7 +298,7 @@ async def build_daemon(
     intake = MqttIntake(ledger, rules, topics, config.mqtt.hermes, ha_birth=ha_birth, durable=durable, pool=pool)
 
     def on_connect() -> list[OutMessage]:
-        retained = [events.status_message(True), events.info_message(), events.state_message(pipeline.snapshot())]
+        retained = [events.status_message(True), events.info_message(), events.state_message(stages.snapshot())]
         return retained + discovery.connect_messages()  # Home Assistant's configs, or their removal
 
     link = MqttLink(
@@ -326,7 +327,7 @@ async def build_daemon(
     if http is not None:  # listening since before the model loaded (the probes): closed last
         http.attach(ledger, rules, info, feed)
         intakes.append(http)
-    return DaemonParts(pipeline, events, link, tuple(intakes), durable, pool, intake.streams)
+    return DaemonParts(stages, events, link, tuple(intakes), durable, pool, intake.streams)
 
 
 def require_wyoming() -> None:

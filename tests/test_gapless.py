@@ -12,7 +12,7 @@ from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.events.publisher import latency_payload
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.jobs import Ledger, Timeline
-from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, SayRequest, Utterance
+from s2s_daemon.pipeline.messages import OnFirstSample, PlaybackReport, SayRequest, Utterance
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.vocabulary import EngineInfo
@@ -43,7 +43,7 @@ class RealTimeSpeaker:
     async def open(self) -> None:
         return None
 
-    async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport:
+    async def play(self, utterance: Utterance, on_first_sample: OnFirstSample) -> PlaybackReport:
         gaps = self.gaps.setdefault(utterance.request.id, [])
         gaps_at = self.gaps_at.setdefault(utterance.request.id, [])
         after_pause = self.after_pause.setdefault(utterance.request.id, [])

@@ -239,7 +239,7 @@ async def test_a_whole_file_stopped_part_way_is_409_and_the_events_agree(tmp_pat
             client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="wav")
         )
         assert api.daemon._parts is not None
-        ledger = api.daemon._parts.pipeline.ledger
+        ledger = api.daemon._parts.stages.ledger
         async with asyncio.timeout(20):  # a second of its audio made (polled: no event says so)
             while not any(j.timeline.audio_s >= 1.0 for j in ledger.jobs.values()):  # noqa: ASYNC110  (no event to wait on)
                 await asyncio.sleep(0.02)

@@ -88,7 +88,7 @@ def test_the_walk_sees_imports_under_type_checking_and_in_function_bodies() -> N
         "from s2s_daemon.pipeline import jobs\n"
         "try:\n    from s2s_daemon.pipeline.queue import RequestQueue\nexcept ImportError:\n    pass\n"
         "if TYPE_CHECKING:\n    from s2s_daemon.app import Daemon\n"
-        "def later():\n    from s2s_daemon.wiring import build_pipeline\n"
+        "def later():\n    from s2s_daemon.wiring import build_stages\n"
         "from .journal import RequestJournal\n"
     )
     found = imported("s2s_daemon.pipeline.example", source)

@@ -70,3 +70,36 @@ def test_intake_audio_and_tts_never_import_each_other() -> None:
                 crossing.append(f"{path.relative_to(PACKAGE)} imports {module}")
     rule = "an intake never imports audio, audio never imports an intake, tts never imports either"
     assert not crossing, f"{rule}; these do:\n" + "\n".join(crossing)
+
+
+SAME_NAME_ELSEWHERE = {
+    "CpuTimes": "the engine's CPU watch (tts/threads.py) and the benchmark's machine line (bench/machine.py)",
+    "Progress": "a start's long steps (progress.py) and the benchmark's bar (bench/runner.py)",
+    "RMSNorm": "the codec's and the talker's layers, inside the torch engine",
+    "Samples": "the torch engine's overlap module's array alias, inside the engine",
+}
+"""Names two modules still define, apart from the daemon's own vocabulary (left as they are)."""
+
+
+def _public_names(path: Path) -> set[str]:
+    """The classes and type aliases ``path`` defines at module level (CapWords names)."""
+    found: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef):
+            found.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found.update(t.id for t in targets if isinstance(t, ast.Name) and t.id[:1].isupper() and not t.id.isupper())
+    return {name for name in found if not name.startswith("_")}
+
+
+def test_one_name_one_meaning() -> None:
+    """A class or alias name is defined in one module: ``FirstSample`` the ledger's event (not also
+    a sink's callback), ``Phase`` a request's (the daemon's is ``LifecyclePhase``)."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for name in _public_names(path):
+            where.setdefault(name, []).append(str(path.relative_to(PACKAGE)))
+    twice = {name: paths for name, paths in where.items() if len(paths) > 1 and name not in SAME_NAME_ELSEWHERE}
+    assert twice == {}
+    assert set(SAME_NAME_ELSEWHERE) <= {name for name, paths in where.items() if len(paths) > 1}  # none is stale

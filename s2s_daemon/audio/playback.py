@@ -120,7 +120,7 @@ class PlaybackStage:
         (``AudioSink.realtime``) waits: a file or the discard sink gains nothing from it."""
         tl, chunks = job.timeline, utterance.chunks
         rate = self.pacer.rate
-        if not self.pacer.enabled or not getattr(self.sink, "realtime", False):
+        if not self.pacer.enabled or not self.sink.realtime:
             return 0.0
         if rate is not None and rate >= REAL_TIME:
             return 0.0

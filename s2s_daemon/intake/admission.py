@@ -65,7 +65,7 @@ class Parsed:
     error: RequestError | None
 
 
-class Refused(Exception):
+class AskRefused(Exception):
     """Why an ask becomes a rejection; the id and session when they could be read."""
 
     def __init__(
@@ -90,16 +90,16 @@ def new_request_id() -> str:
 
 def spoken_text(text: str, rules: IntakeRules, rid: str | None = None, session: str | None = None) -> str:
     """The text a request speaks, prepared: stripped, and checked (no NULs, not empty, at most
-    ``max_text_chars``); ``Refused`` otherwise. Every door's whole text passes here before
+    ``max_text_chars``); ``AskRefused`` otherwise. Every door's whole text passes here before
     ``Ledger.submit``: the place for the text stage (``text/``, ``TextStage.prepare``)."""
     if "\x00" in text:
-        raise Refused(ErrorCode.BAD_PAYLOAD, "text contains NUL characters", rid, session)
+        raise AskRefused(ErrorCode.BAD_PAYLOAD, "text contains NUL characters", rid, session)
     spoken = text.strip()
     if not spoken:
-        raise Refused(ErrorCode.EMPTY_TEXT, "text is empty", rid, session)
+        raise AskRefused(ErrorCode.EMPTY_TEXT, "text is empty", rid, session)
     if len(spoken) > rules.max_text_chars:
         message = f"text has {len(spoken)} characters; the limit is {rules.max_text_chars}"
-        raise Refused(ErrorCode.TEXT_TOO_LONG, message, rid, session)
+        raise AskRefused(ErrorCode.TEXT_TOO_LONG, message, rid, session)
     return spoken
 
 
@@ -119,7 +119,7 @@ def admit(
     try:
         spoken = "" if streamed else spoken_text(ask.text, rules, rid, ask.session_id)
         request = _request(ask, rules, rid, spoken, origin, reply_to, received)
-    except Refused as refused:
+    except AskRefused as refused:
         return refusal(refused, rules, origin, reply_to, received)
     return Parsed(request, None)
 
@@ -127,17 +127,17 @@ def admit(
 def _request(
     ask: SayAsk, rules: IntakeRules, rid: str, spoken: str, origin: str, reply_to: ReplyTo | None, received: float
 ) -> SayRequest:
-    """The request ``ask`` asks for, its instruction, language and voice checked; ``Refused`` when one is bad."""
+    """The request ``ask`` asks for, its instruction, language and voice checked; ``AskRefused`` when one is bad."""
     instruct = ask.instruct.strip() if ask.instruct and ask.instruct.strip() else None
     if instruct is not None and len(instruct) > rules.max_instruct_chars:
         limit = rules.max_instruct_chars
         message = f"instruct has {len(instruct)} characters; the limit is {limit} (tts.max_instruct_chars)"
-        raise Refused(ErrorCode.TEXT_TOO_LONG, message, rid, ask.session_id, field="instruct")
+        raise AskRefused(ErrorCode.TEXT_TOO_LONG, message, rid, ask.session_id, field="instruct")
     try:
         language = normalize_language(ask.language or rules.default_language, rules.languages)
         voice = rules.voices.resolve(ask.voice)
     except EngineError as exc:
-        raise Refused(ErrorCode.parse(exc.code, ErrorCode.BAD_PAYLOAD), str(exc), rid, ask.session_id) from exc
+        raise AskRefused(ErrorCode.parse(exc.code, ErrorCode.BAD_PAYLOAD), str(exc), rid, ask.session_id) from exc
     return SayRequest(
         id=rid,
         text=spoken,
@@ -156,7 +156,7 @@ def _request(
     )
 
 
-def refusal(refused: Refused, rules: IntakeRules, origin: str, reply_to: ReplyTo | None, received: float) -> Parsed:
+def refusal(refused: AskRefused, rules: IntakeRules, origin: str, reply_to: ReplyTo | None, received: float) -> Parsed:
     """The rejection ``refused`` makes: a placeholder request (its id when it was read) and the error."""
     request = SayRequest(
         id=refused.rid or new_request_id(),

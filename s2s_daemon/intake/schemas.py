@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from s2s_daemon.intake.admission import IntakeRules, Parsed, Refused, SayAsk, admit, refusal
+from s2s_daemon.intake.admission import AskRefused, IntakeRules, Parsed, SayAsk, admit, refusal
 from s2s_daemon.pipeline.messages import ErrorCode, ReplyTo, RequestError
 
 MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
@@ -115,24 +115,26 @@ def decode_json_object(payload: bytes) -> tuple[dict[str, Any] | None, str | Non
 
 
 def _read_payload(payload: bytes) -> SayPayload:
-    """A JSON object or plain UTF-8 text as a ``SayPayload``; ``Refused`` when it is neither."""
+    """A JSON object or plain UTF-8 text as a ``SayPayload``; ``AskRefused`` when it is neither."""
     if len(payload) > MAX_PAYLOAD_BYTES:
-        raise Refused(ErrorCode.BAD_PAYLOAD, f"payload of {len(payload)} bytes is larger than {MAX_PAYLOAD_BYTES}")
+        raise AskRefused(ErrorCode.BAD_PAYLOAD, f"payload of {len(payload)} bytes is larger than {MAX_PAYLOAD_BYTES}")
     try:
         text = payload.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise Refused(ErrorCode.BAD_PAYLOAD, f"payload is not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+        raise AskRefused(
+            ErrorCode.BAD_PAYLOAD, f"payload is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from exc
     text = text.removeprefix("\ufeff")
     if not text.lstrip().startswith("{"):
         return SayPayload(text=text)
     data, why = decode_json_object(payload.removeprefix(b"\xef\xbb\xbf"))
     if data is None:
-        raise Refused(ErrorCode.BAD_PAYLOAD, why or "bad payload")
+        raise AskRefused(ErrorCode.BAD_PAYLOAD, why or "bad payload")
     rid, session = _peek_fields(data)
     try:
         return SayPayload.model_validate(data)
     except ValidationError as exc:
-        raise Refused(ErrorCode.BAD_PAYLOAD, _describe(exc), rid, session) from exc
+        raise AskRefused(ErrorCode.BAD_PAYLOAD, _describe(exc), rid, session) from exc
 
 
 def parse_say(
@@ -147,7 +149,7 @@ def parse_say(
     received = time.monotonic() if received_at is None else received_at
     try:
         say = _read_payload(payload)
-    except Refused as refused:
+    except AskRefused as refused:
         return refusal(refused, rules, origin, reply_to, received)
     return admit(say.ask(), rules, origin=origin, reply_to=reply_to, received_at=received)
 

@@ -261,7 +261,7 @@ class WyomingConnection:
         self.writer = writer
         self.peer = peer
         self._pending: Channel[Text | Reply] = Channel(PENDING_ITEMS, Overflow.BLOCK, "wyoming.pending")
-        self._outbox: Channel[Speech | Reply] = Channel(SPEECH_AHEAD, Overflow.BLOCK, "wyoming.outbox")
+        self._writing: Channel[Speech | Reply] = Channel(SPEECH_AHEAD, Overflow.BLOCK, "wyoming.writing")
         self._slots = asyncio.Semaphore(SPEECH_AHEAD)
         self._speeches: list[Speech] = []
         """Submitted and not yet written (abandoned if the client goes away)."""
@@ -308,7 +308,7 @@ class WyomingConnection:
             speech.stream.abandon()
             self.server.ledger.cancel(speech.job, Status.INTERRUPTED)
         self._speeches.clear()
-        for channel in (self._pending, self._outbox):
+        for channel in (self._pending, self._writing):
             channel.clear()
             channel.close()
         current = asyncio.current_task()
@@ -366,7 +366,7 @@ class WyomingConnection:
 
     def _busy(self) -> bool:
         """A request of this client is waiting, being synthesized or being written, or a reply is."""
-        return bool(self._speeches) or len(self._pending) > 0 or len(self._outbox) > 0
+        return bool(self._speeches) or len(self._pending) > 0 or len(self._writing) > 0
 
     async def _handle(self, event: Event) -> None:
         kind = event.type
@@ -474,16 +474,16 @@ class WyomingConnection:
         try:
             async for item in self._pending:
                 if isinstance(item, Reply):
-                    await self._outbox.put(item)
+                    await self._writing.put(item)
                     continue
                 await self._slots.acquire()
                 speech = self._submit(item)
                 self._speeches.append(speech)
-                await self._outbox.put(speech)
+                await self._writing.put(speech)
         except ChannelClosed:
             return
         finally:
-            self._outbox.close()
+            self._writing.close()
 
     def _parse(self, text: Text) -> Parsed:
         ask = SayAsk(text.text, voice=text.voice, language=text.language, session_id=text.session_id)
@@ -504,7 +504,7 @@ class WyomingConnection:
 
     async def _write_loop(self) -> None:
         try:
-            async for item in self._outbox:
+            async for item in self._writing:
                 if isinstance(item, Reply):
                     await self._send(item.event)
                     if item.hang_up:

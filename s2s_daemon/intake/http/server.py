@@ -18,7 +18,7 @@ import hmac
 import ipaddress
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ from s2s_daemon.intake.http.api import (
 from s2s_daemon.intake.http.api_key import key_file_exposure, read_api_key
 from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, WavEncoder, encoder_factory
 from s2s_daemon.intake.http.guard import RequestGuard, json_body
-from s2s_daemon.intake.http.limits import ConnectionGuard, ListenerLimits
+from s2s_daemon.intake.http.limits import ConnectionGuard, Handler, ListenerLimits
 from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.http.monitor import MonitorRoutes
 from s2s_daemon.intake.http.web import ORIGIN, WebPage
@@ -64,8 +64,6 @@ OPEN_PATHS = frozenset({"/health", "/ready"})
 """Served without the bearer token (probes); ``/metrics`` needs it when there is one."""
 LOADING_RETRY_S = 5
 """``Retry-After`` of the API's answers while the model loads."""
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _json_error(exc: ApiError) -> web.Response:
@@ -117,7 +115,7 @@ class ThreadedEncoder:
 
 
 @dataclass(frozen=True, slots=True)
-class _Pipeline:
+class _Attached:
     """What the API serves with, once the model is loaded."""
 
     ledger: Ledger
@@ -140,7 +138,7 @@ class HttpSpeechServer:
     def __init__(self, config: HttpConfig, monitor: MonitorRoutes) -> None:
         self.config = config
         self.monitor = monitor
-        self._pipeline: _Pipeline | None = None
+        self._attachment: _Attached | None = None
         self.feed: LiveFeed | None = None
         """The events the daemon publishes, for the web page's live view (from ``attach``)."""
         self.open_paths = set(OPEN_PATHS)
@@ -165,15 +163,15 @@ class HttpSpeechServer:
 
     def attach(self, ledger: Ledger, rules: IntakeRules, info: EngineInfo, feed: LiveFeed | None) -> None:
         """The model is loaded: serve speech with this pipeline, the page's live view from ``feed``."""
-        self._pipeline = _Pipeline(ledger, rules, info)
+        self._attachment = _Attached(ledger, rules, info)
         self.feed = feed
 
     def require_attached(self) -> None:
         """Raise the 503 ``model_loading`` answer while the model loads (before a stream starts)."""
         self._attached()
 
-    def _attached(self) -> _Pipeline:
-        if self._pipeline is None:
+    def _attached(self) -> _Attached:
+        if self._attachment is None:
             raise ApiError(
                 503,
                 "the model is loading; try again shortly (GET /ready says when it is ready)",
@@ -181,7 +179,7 @@ class HttpSpeechServer:
                 code="model_loading",
                 headers={"Retry-After": str(LOADING_RETRY_S)},
             )
-        return self._pipeline
+        return self._attachment
 
     @property
     def ledger(self) -> Ledger:
