@@ -38,9 +38,8 @@ from s2s_daemon.mqtt.link import MqttLink
 from s2s_daemon.mqtt.packets import OutMessage, Publisher
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import JobEvents, Ledger
+from s2s_daemon.pipeline.jobs import JobEvents, Ledger, SpeakerTurn
 from s2s_daemon.pipeline.journal import RequestJournal
-from s2s_daemon.pipeline.messages import Utterance
 from s2s_daemon.pipeline.outbox import DurableRequests, Outbox
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
@@ -194,7 +193,7 @@ def build_stages(
     if rules is None:
         rules = build_rules(config, info, default_voice=default_voice, template=template)
     library = rules.voices.library
-    utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
+    utterances: Channel[SpeakerTurn] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
     # Only a speaker heard as it plays is worth waiting for: a file, the discard sink and callers'
     # streams take the audio as it comes, and nobody is kept out of the engine's steps for them.
     realtime = sink.realtime

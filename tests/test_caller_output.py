@@ -11,7 +11,7 @@ import pytest
 
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Job, Ledger
+from s2s_daemon.pipeline.jobs import Job, Ledger, SpeakerTurn
 from s2s_daemon.pipeline.messages import OnFirstSample, PlaybackReport, SayRequest, Status, Utterance
 from s2s_daemon.pipeline.output import CallerStream, pcm16
 from s2s_daemon.pipeline.queue import RequestQueue
@@ -73,7 +73,7 @@ async def pipeline(
     events = Events()
     requests = RequestQueue(8)
     ledger = Ledger(requests, events, 64)
-    utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
+    utterances: Channel[SpeakerTurn] = Channel(1, Overflow.BLOCK, "utterances")
     tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=2)
     playback = PlaybackStage(RealTimeSpeaker(), utterances, ledger)
     tasks = [asyncio.create_task(tts.run()), asyncio.create_task(playback.run())]

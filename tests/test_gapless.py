@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.events.publisher import latency_payload
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
-from s2s_daemon.pipeline.jobs import Ledger, Timeline
+from s2s_daemon.pipeline.jobs import Ledger, SpeakerTurn, Timeline
 from s2s_daemon.pipeline.messages import OnFirstSample, PlaybackReport, SayRequest, Utterance
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
@@ -91,7 +91,7 @@ async def speak(
     events = Events()
     requests = RequestQueue(8)
     ledger = Ledger(requests, events, 64)
-    utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
+    utterances: Channel[SpeakerTurn] = Channel(1, Overflow.BLOCK, "utterances")
     speaker = speaker or RealTimeSpeaker()
     pacer = Pacer(max_wait_s=max_wait_s)
     if learned is not None:

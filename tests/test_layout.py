@@ -103,3 +103,17 @@ def test_one_name_one_meaning() -> None:
     twice = {name: paths for name, paths in where.items() if len(paths) > 1 and name not in SAME_NAME_ELSEWHERE}
     assert twice == {}
     assert set(SAME_NAME_ELSEWHERE) <= {name for name, paths in where.items() if len(paths) > 1}  # none is stale
+
+
+def test_the_stages_are_handed_their_jobs() -> None:
+    """A say's walk hands each stage its job (``SpeakerTurn``): neither the TTS stage nor the
+    speaker's side (``audio/``) looks a job up again by its id in the ledger's ``jobs``."""
+    looked_up = []
+    for path in sorted([*(PACKAGE / "audio").rglob("*.py"), *(PACKAGE / "tts").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            jobs = node.value if isinstance(node, ast.Subscript) else None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+                jobs = node.func.value
+            if isinstance(jobs, ast.Attribute) and jobs.attr == "jobs":
+                looked_up.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert looked_up == []

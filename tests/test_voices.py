@@ -428,8 +428,8 @@ async def test_a_voice_renamed_while_it_speaks_finishes_its_later_sentences(tmp_
     from s2s_daemon.audio.playback import PlaybackStage
     from s2s_daemon.audio.sink import DiscardSink
     from s2s_daemon.pipeline.channel import Channel, Overflow
-    from s2s_daemon.pipeline.jobs import Ledger
-    from s2s_daemon.pipeline.messages import SayRequest, Status, Utterance
+    from s2s_daemon.pipeline.jobs import Ledger, SpeakerTurn
+    from s2s_daemon.pipeline.messages import SayRequest, Status
     from s2s_daemon.pipeline.queue import RequestQueue
     from s2s_daemon.pipeline.vocabulary import EngineInfo
     from s2s_daemon.tts.engine import EngineOptions
@@ -466,7 +466,7 @@ async def test_a_voice_renamed_while_it_speaks_finishes_its_later_sentences(tmp_
 
     requests = RequestQueue(4)
     ledger = Ledger(requests, Seen(), 16)
-    utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
+    utterances: Channel[SpeakerTurn] = Channel(1, Overflow.BLOCK, "utterances")
     library = VoiceLibrary(root, info.mode)
     tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=2, library=library)
     tasks = [

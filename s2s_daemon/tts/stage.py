@@ -30,6 +30,7 @@ from s2s_daemon.pipeline.jobs import (
     PlaybackEnded,
     Released,
     SegmentReady,
+    SpeakerTurn,
     SynthesisEnded,
     SynthesisStarted,
     TextCut,
@@ -72,7 +73,7 @@ class TtsStage:
         worker: EngineWorker,
         info: EngineInfo,
         requests: RequestQueue,
-        utterances: Channel[Utterance],
+        utterances: Channel[SpeakerTurn],
         ledger: Ledger,
         chunk_frames: int,
         gate: Callable[[], asyncio.Future[None] | None] | None = None,
@@ -149,7 +150,7 @@ class TtsStage:
             return
         chunks: Channel[np.ndarray] = Channel(CHUNK_BUFFER, Overflow.BLOCK, f"chunks.{job.request.id}")
         try:
-            await self.utterances.put(Utterance(job.request, self.info.sample_rate, chunks))
+            await self.utterances.put(SpeakerTurn(job, Utterance(job.request, self.info.sample_rate, chunks)))
         except ChannelClosed:
             self.ledger.record(job, Released(time.monotonic()))
             return
