@@ -15,7 +15,7 @@ import structlog
 from s2s_daemon import preflight
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.config import DaemonConfig
-from s2s_daemon.errors import EXIT_FAILURE, EXIT_NOPERM, EXIT_OK, EXIT_SOFTWARE, UnavailableError
+from s2s_daemon.errors import EXIT_FAILURE, EXIT_NOPERM, EXIT_OK, EXIT_SOFTWARE
 from s2s_daemon.events.memory import memory_payload
 from s2s_daemon.events.metrics import DaemonMetrics
 from s2s_daemon.events.publisher import MqttEvents, now_ms
@@ -26,12 +26,21 @@ from s2s_daemon.intake.http import open_http_server, open_monitor_server, requir
 from s2s_daemon.mqtt.broker import EmbeddedBroker
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.notify import SystemdNotifier
-from s2s_daemon.pipeline.journal import Recovered, RequestJournal, default_journal_path
+from s2s_daemon.pipeline.journal import Recovered, RequestJournal
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError
 from s2s_daemon.pipeline.vocabulary import EngineInfo
 from s2s_daemon.progress import Progress
 from s2s_daemon.tts.worker import EngineWorker
-from s2s_daemon.wiring import DaemonHooks, DaemonParts, build_daemon, load_engine, require_wyoming
+from s2s_daemon.wiring import (
+    DaemonHooks,
+    DaemonParts,
+    build_daemon,
+    load_engine,
+    open_journal,
+    open_sink,
+    require_wyoming,
+    start_broker,
+)
 
 if TYPE_CHECKING:  # aiohttp is an extra: the server is imported where it is opened
     from s2s_daemon.intake.http.server import HttpSpeechServer
@@ -66,15 +75,21 @@ class Daemon:
         self._memory_now = asyncio.Event()
         self._exit_code = EXIT_OK
         """What ``run`` returns: EXIT_SOFTWARE after a wedged engine."""
-        self.readiness = Readiness()
+        self.readiness = Readiness(broker_connected=self._broker_connected)
         """The phase ``/health`` and ``/ready`` report."""
-        self.metrics = DaemonMetrics()
+        self.metrics = DaemonMetrics(queue_depth=self._queue_depth, ready=self.readiness.ready)
         """``/metrics``: a registry of this daemon's own."""
         self._parts: DaemonParts | None = None
         """What ``build_daemon`` built, once the daemon serves (the engine's wedge stops it)."""
         self._accept_failed = 0
         """Failed accepts since the last ``accept_failed`` line."""
         self._accept_failed_logged_at = -ACCEPT_FAILED_LOG_S
+
+    def _broker_connected(self) -> bool:
+        return self._parts is not None and self._parts.link.connected.is_set()
+
+    def _queue_depth(self) -> int:
+        return len(self._parts.stages.requests) if self._parts is not None else 0
 
     # -- signals -----------------------------------------------------------------------
 
@@ -148,10 +163,7 @@ class Daemon:
         """startup (engine, warm-up, sink, embedded broker) -> serve -> stop (close them in reverse)."""
         cfg = self.config
         broker: EmbeddedBroker | None = None
-        journal = self._journal()
-        recovered = journal.open() if journal is not None else None  # unwritable: exit 69 naming the path
-        if journal is not None:
-            journal.on_commit = self.metrics.journal_committed
+        journal, recovered = open_journal(cfg, self.metrics.journal_committed)  # unwritable: exit 69 naming the path
         try:
             self.readiness.enter(LifecyclePhase.LOADING)
             worker, info = await load_engine(cfg, on_wedged=self._engine_wedged)
@@ -167,16 +179,8 @@ class Daemon:
                 with Progress("warming_up", started="warming_up", done="warmed_up", engine=info.engine):
                     await worker.warmup()
             self.readiness.enter(LifecyclePhase.OPENING)
-            from s2s_daemon.audio.select import make_sink
-
-            sink = make_sink(cfg.audio)
-            try:
-                await sink.open()
-            except AudioDeviceError as exc:
-                raise UnavailableError(f"audio.sink {cfg.audio.sink!r}: {exc}") from exc
-            if cfg.mqtt.broker == "embedded":
-                broker = EmbeddedBroker(cfg.mqtt.port)
-                await broker.start()
+            sink = await open_sink(cfg)
+            broker = await start_broker(cfg)
             if self._stop.is_set():
                 return EXIT_OK
             return await self._serve(worker, info, sink, journal, recovered, http)
@@ -190,14 +194,6 @@ class Daemon:
             if broker is not None:
                 await broker.stop()
             self.notifier.close()
-
-    def _journal(self) -> RequestJournal | None:
-        cfg = self.config
-        if not cfg.journal.enabled:
-            log.warning("journal_disabled", consequence="requests queued at a crash are lost")
-            return None
-        path = cfg.journal.path or default_journal_path(cfg.site_id)
-        return RequestJournal(path, cfg.queue.dedup_window, cfg.journal.synchronous)
 
     async def _serve(
         self,
@@ -214,9 +210,7 @@ class Daemon:
         wiring = await build_daemon(
             cfg, self.topics, worker, info, sink, self.metrics, hooks, journal, http, self.intakes
         )
-        self._parts = wiring
-        self.readiness.broker_connected = wiring.link.connected.is_set
-        self.metrics.watch(queue_depth=wiring.stages.requests.__len__, ready=self.readiness.ready)
+        self._parts = wiring  # the readiness and the metrics read the link and the queue through it
         if wiring.durable is not None and recovered is not None:
             queued, expired = wiring.durable.resume(recovered, cfg.queue.resume_max_age_s)
             if recovered.open or recovered.unsent:

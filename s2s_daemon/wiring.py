@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from s2s_daemon.audio.playback import PlaybackStage
-from s2s_daemon.audio.sink import AudioSink
+from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.config import DaemonConfig
 from s2s_daemon.errors import ConfigError, UnavailableError
 from s2s_daemon.events.discovery import HaDiscovery
@@ -33,13 +33,14 @@ from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.mqtt import MQTT_ORIGINS, MqttIntake
 from s2s_daemon.intake.pool import PoolHandBack
 from s2s_daemon.intake.streams import StreamIntake
+from s2s_daemon.mqtt.broker import EmbeddedBroker
 from s2s_daemon.mqtt.connection import MqttProtocol
 from s2s_daemon.mqtt.link import MqttLink
 from s2s_daemon.mqtt.packets import OutMessage, Publisher
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import JobEvents, Ledger, SpeakerTurn
-from s2s_daemon.pipeline.journal import RequestJournal
+from s2s_daemon.pipeline.journal import Recovered, RequestJournal, default_journal_path
 from s2s_daemon.pipeline.outbox import DurableRequests, Outbox
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
@@ -327,6 +328,40 @@ async def build_daemon(
         http.attach(ledger, rules, info, feed)
         intakes.append(http)
     return DaemonParts(stages, events, link, tuple(intakes), durable, pool, intake.streams)
+
+
+def open_journal(
+    config: DaemonConfig, on_commit: Callable[[float], None]
+) -> tuple[RequestJournal | None, Recovered | None]:
+    """The request journal, open, and what it recovered (``journal.enabled``; an unwritable one is
+    exit 69 naming its path); ``(None, None)`` without it."""
+    if not config.journal.enabled:
+        log.warning("journal_disabled", consequence="requests queued at a crash are lost")
+        return None, None
+    path = config.journal.path or default_journal_path(config.site_id)
+    journal = RequestJournal(path, config.queue.dedup_window, config.journal.synchronous, on_commit=on_commit)
+    return journal, journal.open()
+
+
+async def open_sink(config: DaemonConfig) -> AudioSink:
+    """The configured sink, open; a device it cannot open is exit 69 naming ``audio.sink``."""
+    from s2s_daemon.audio.select import make_sink  # the sound libraries load with the sink
+
+    sink = make_sink(config.audio)
+    try:
+        await sink.open()
+    except AudioDeviceError as exc:
+        raise UnavailableError(f"audio.sink {config.audio.sink!r}: {exc}") from exc
+    return sink
+
+
+async def start_broker(config: DaemonConfig) -> EmbeddedBroker | None:
+    """The embedded broker, started (``mqtt.broker: embedded``); None for an external one."""
+    if config.mqtt.broker != "embedded":
+        return None
+    broker = EmbeddedBroker(config.mqtt.port)
+    await broker.start()
+    return broker
 
 
 def require_wyoming() -> None:

@@ -117,3 +117,18 @@ def test_the_stages_are_handed_their_jobs() -> None:
             if isinstance(jobs, ast.Attribute) and jobs.attr == "jobs":
                 looked_up.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert looked_up == []
+
+
+def test_the_lifecycle_sets_nothing_on_what_it_was_handed() -> None:
+    """``app.py`` runs what the wiring built whole: it assigns no attribute of another object
+    (``journal.on_commit = ...``, ``self.readiness.broker_connected = ...``), only its own."""
+    patched = []
+    for node in ast.walk(ast.parse((PACKAGE / "app.py").read_text(encoding="utf-8"))):
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        for target in targets:
+            owner = target.value if isinstance(target, ast.Attribute) else None
+            if owner is not None and not (isinstance(owner, ast.Name) and owner.id == "self"):
+                patched.append(f"app.py:{node.lineno} {ast.unparse(target)}")
+    assert patched == []

@@ -40,10 +40,10 @@ _WAITING = {
 class Readiness:
     """The phase, set by the daemon as it moves on; read by the probes (and ``s2s_ready``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, broker_connected: Callable[[], bool] = lambda: False) -> None:
         self.phase = LifecyclePhase.STARTING
-        self.broker_connected: Callable[[], bool] = lambda: False
-        """Whether the MQTT link is connected now (set once the link exists)."""
+        self.broker_connected = broker_connected
+        """Whether the MQTT link is connected now (False while there is none)."""
 
     def enter(self, phase: LifecyclePhase) -> None:
         self.phase = phase
