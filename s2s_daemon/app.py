@@ -6,29 +6,44 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from s2s_daemon import preflight
 from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.config import DaemonConfig
-from s2s_daemon.errors import EXIT_FAILURE, EXIT_NOPERM, EXIT_OK, EXIT_SOFTWARE, UnavailableError
+from s2s_daemon.errors import EXIT_FAILURE, EXIT_NOPERM, EXIT_OK, EXIT_SOFTWARE
 from s2s_daemon.events.memory import memory_payload
 from s2s_daemon.events.metrics import DaemonMetrics
 from s2s_daemon.events.publisher import MqttEvents, now_ms
-from s2s_daemon.events.readiness import Phase, Readiness
+from s2s_daemon.events.readiness import LifecyclePhase, Readiness
+from s2s_daemon.intake.door import CLOSE_TIMEOUT_S as INTAKE_CLOSE_S
+from s2s_daemon.intake.door import IntakeOpener
 from s2s_daemon.intake.http import open_http_server, open_monitor_server, require_http_extra, require_monitor_extra
 from s2s_daemon.mqtt.broker import EmbeddedBroker
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.notify import SystemdNotifier
-from s2s_daemon.pipeline.journal import Recovered, RequestJournal, default_journal_path
+from s2s_daemon.pipeline.journal import Recovered, RequestJournal
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError
 from s2s_daemon.pipeline.vocabulary import EngineInfo
 from s2s_daemon.progress import Progress
 from s2s_daemon.tts.worker import EngineWorker
-from s2s_daemon.wiring import DaemonHooks, DaemonParts, build_daemon, load_engine, require_wyoming
+from s2s_daemon.wiring import (
+    DaemonHooks,
+    DaemonParts,
+    build_daemon,
+    load_engine,
+    open_journal,
+    open_sink,
+    require_wyoming,
+    start_broker,
+)
+
+if TYPE_CHECKING:  # aiohttp is an extra: the server is imported where it is opened
+    from s2s_daemon.intake.http.server import HttpSpeechServer
 
 log = structlog.get_logger(__name__)
 
@@ -44,24 +59,37 @@ ACCEPT_FAILED = "socket.accept() out of system resource"
 class Daemon:
     """Runs the daemon through its phases (the graph is ``wiring.build_daemon``'s). The constructor does no I/O."""
 
-    def __init__(self, config: DaemonConfig, notifier: SystemdNotifier | None = None) -> None:
+    def __init__(
+        self,
+        config: DaemonConfig,
+        notifier: SystemdNotifier | None = None,
+        intakes: Sequence[IntakeOpener] | None = None,
+    ) -> None:
         self.config = config
         self.notifier = notifier or SystemdNotifier.from_env()
+        self.intakes = intakes
+        """The intakes' openers (``wiring.INTAKES`` when None)."""
         self.topics = Topics(config.mqtt.topic_prefix, config.site_id, config.mqtt.shared_group)
         self._stop = asyncio.Event()
         self._sigint_count = 0
         self._memory_now = asyncio.Event()
         self._exit_code = EXIT_OK
         """What ``run`` returns: EXIT_SOFTWARE after a wedged engine."""
-        self.readiness = Readiness()
+        self.readiness = Readiness(broker_connected=self._broker_connected)
         """The phase ``/health`` and ``/ready`` report."""
-        self.metrics = DaemonMetrics()
+        self.metrics = DaemonMetrics(queue_depth=self._queue_depth, ready=self.readiness.ready)
         """``/metrics``: a registry of this daemon's own."""
         self._parts: DaemonParts | None = None
         """What ``build_daemon`` built, once the daemon serves (the engine's wedge stops it)."""
         self._accept_failed = 0
         """Failed accepts since the last ``accept_failed`` line."""
         self._accept_failed_logged_at = -ACCEPT_FAILED_LOG_S
+
+    def _broker_connected(self) -> bool:
+        return self._parts is not None and self._parts.link.connected.is_set()
+
+    def _queue_depth(self) -> int:
+        return len(self._parts.stages.requests) if self._parts is not None else 0
 
     # -- signals -----------------------------------------------------------------------
 
@@ -131,16 +159,13 @@ class Daemon:
                 listeners.push_async_callback(http.close)  # the drain closed it already: a no-op then
             return await self._start_up(http)
 
-    async def _start_up(self, http: Any) -> int:
+    async def _start_up(self, http: HttpSpeechServer | None) -> int:
         """startup (engine, warm-up, sink, embedded broker) -> serve -> stop (close them in reverse)."""
         cfg = self.config
         broker: EmbeddedBroker | None = None
-        journal = self._journal()
-        recovered = journal.open() if journal is not None else None  # unwritable: exit 69 naming the path
-        if journal is not None:
-            journal.on_commit = self.metrics.journal_committed
+        journal, recovered = open_journal(cfg, self.metrics.journal_committed)  # unwritable: exit 69 naming the path
         try:
-            self.readiness.enter(Phase.LOADING)
+            self.readiness.enter(LifecyclePhase.LOADING)
             loaded = await self._load_unless_stopped()
         except BaseException:
             if journal is not None:
@@ -156,20 +181,12 @@ class Daemon:
         sink: AudioSink | None = None
         try:
             if cfg.tts.warmup:
-                self.readiness.enter(Phase.WARMING)
+                self.readiness.enter(LifecyclePhase.WARMING)
                 with Progress("warming_up", started="warming_up", done="warmed_up", engine=info.engine):
                     await worker.warmup()
-            self.readiness.enter(Phase.OPENING)
-            from s2s_daemon.audio.select import make_sink
-
-            sink = make_sink(cfg.audio)
-            try:
-                await sink.open()
-            except AudioDeviceError as exc:
-                raise UnavailableError(f"audio.sink {cfg.audio.sink!r}: {exc}") from exc
-            if cfg.mqtt.broker == "embedded":
-                broker = EmbeddedBroker(cfg.mqtt.port)
-                await broker.start()
+            self.readiness.enter(LifecyclePhase.OPENING)
+            sink = await open_sink(cfg)
+            broker = await start_broker(cfg)
             if self._stop.is_set():
                 return EXIT_OK
             return await self._serve(worker, info, sink, journal, recovered, http)
@@ -211,14 +228,6 @@ class Daemon:
         await worker.close()
         return None
 
-    def _journal(self) -> RequestJournal | None:
-        cfg = self.config
-        if not cfg.journal.enabled:
-            log.warning("journal_disabled", consequence="requests queued at a crash are lost")
-            return None
-        path = cfg.journal.path or default_journal_path(cfg.site_id)
-        return RequestJournal(path, cfg.queue.dedup_window, cfg.journal.synchronous)
-
     async def _serve(
         self,
         worker: EngineWorker,
@@ -226,22 +235,22 @@ class Daemon:
         sink: AudioSink,
         journal: RequestJournal | None = None,
         recovered: Recovered | None = None,
-        http: Any = None,
+        http: HttpSpeechServer | None = None,
     ) -> int:
         """ready -> run -> drain, with every long-lived task in one group."""
         cfg = self.config
         hooks = DaemonHooks(on_utterance_end=self._memory_now.set, on_denied=self._subscription_denied)
-        wiring = await build_daemon(cfg, self.topics, worker, info, sink, self.metrics, hooks, journal, http)
-        self._parts = wiring
-        self.readiness.broker_connected = wiring.link.connected.is_set
-        self.metrics.watch(queue_depth=wiring.pipeline.requests.__len__, ready=self.readiness.ready)
+        wiring = await build_daemon(
+            cfg, self.topics, worker, info, sink, self.metrics, hooks, journal, http, self.intakes
+        )
+        self._parts = wiring  # the readiness and the metrics read the link and the queue through it
         if wiring.durable is not None and recovered is not None:
             queued, expired = wiring.durable.resume(recovered, cfg.queue.resume_max_age_s)
             if recovered.open or recovered.unsent:
                 log.info("journal_resumed", queued=queued, expired=expired, republished=len(recovered.unsent))
         async with asyncio.TaskGroup() as tg:
             tasks = self._start(tg, wiring, worker)
-            self.readiness.enter(Phase.SERVING)
+            self.readiness.enter(LifecyclePhase.SERVING)
             self.notifier.ready(f"ready: {info.engine} {info.model} on {info.device}")
             log.info("ready", engine=info.engine, model=info.model, device=info.device, voices=len(info.voices))
             await self._stop.wait()
@@ -266,34 +275,30 @@ class Daemon:
         self.request_stop()
 
     def _start(self, tg: asyncio.TaskGroup, wiring: DaemonParts, worker: EngineWorker) -> _Tasks:
-        pipeline = wiring.pipeline
+        stages = wiring.stages
         tasks = _Tasks(
             link=tg.create_task(wiring.link.run(), name="s2s.mqtt"),
-            tts=tg.create_task(pipeline.tts.run(), name="s2s.tts"),
-            playback=tg.create_task(pipeline.playback.run(), name="s2s.playback"),
-            wyoming=tg.create_task(wiring.wyoming.run(), name="s2s.wyoming") if wiring.wyoming is not None else None,
+            tts=tg.create_task(stages.tts.run(), name="s2s.tts"),
+            playback=tg.create_task(stages.playback.run(), name="s2s.playback"),
+            intakes=[tg.create_task(intake.run(), name=f"s2s.{intake.name}") for intake in wiring.intakes],
             journal=tg.create_task(wiring.durable.journal.run(), name="s2s.journal")
             if wiring.durable is not None
             else None,
         )
-        tasks.helpers.append(tg.create_task(wiring.events.run_state(pipeline.snapshot), name="s2s.events.state"))
+        tasks.helpers.append(tg.create_task(wiring.events.run_state(stages.snapshot), name="s2s.events.state"))
         tasks.helpers.append(tg.create_task(self._memory_loop(worker, wiring.events), name="s2s.telemetry.memory"))
         if self.notifier.watchdog_interval_s:
             tasks.helpers.append(tg.create_task(self._watchdog(worker), name="s2s.watchdog"))
-        if wiring.vad is not None:
-            tasks.helpers.append(tg.create_task(wiring.vad.run(), name="s2s.vad"))
-        if wiring.http is not None:  # cancelled after the drain: closes, letting responses being written end
-            tasks.helpers.append(tg.create_task(wiring.http.serve(), name="s2s.http"))
         return tasks
 
     async def _drain(self, wiring: DaemonParts, tasks: _Tasks) -> None:
         """Accept no more, let the current utterance end (at most ``shutdown.drain_timeout_s``),
         answer everything still open, say ``offline``."""
         cfg = self.config
-        ledger = wiring.pipeline.ledger
-        self.readiness.enter(Phase.DRAINING)
+        ledger = wiring.stages.ledger
+        self.readiness.enter(LifecyclePhase.DRAINING)
         self.notifier.stopping()
-        log.info("draining", queued=len(wiring.pipeline.requests), timeout_s=cfg.shutdown.drain_timeout_s)
+        log.info("draining", queued=len(wiring.stages.requests), timeout_s=cfg.shutdown.drain_timeout_s)
         deadline = asyncio.get_running_loop().time() + cfg.shutdown.drain_timeout_s
         pool = wiring.pool
         if pool is not None:  # the queued pool requests go back to the pool, not cancelled
@@ -301,8 +306,8 @@ class Daemon:
         ledger.close()  # accepts no more; queued requests are answered cancelled
         if wiring.streams is not None:
             wiring.streams.close()  # an open stream takes no more text: what came is spoken
-        if wiring.wyoming is not None:
-            wiring.wyoming.stop_accepting()
+        for intake in wiring.intakes:
+            intake.drain()
         if pool is not None:
             # Leave the shared group first, so that the broker sends the hand-backs (and new pool
             # requests) to the other members; pool requests arriving meanwhile are held too.
@@ -321,19 +326,19 @@ class Daemon:
             for task in pending:
                 task.cancel()
         ledger.abandon(RequestError(ErrorCode.SHUTTING_DOWN, "the daemon stopped"))
-        if tasks.wyoming is not None:
-            wiring.wyoming.close()  # every synthesis has ended: its clients get what is left, then hang-up
-            await asyncio.wait({tasks.wyoming}, timeout=CLOSE_TIMEOUT_S)
-            tasks.wyoming.cancel()
-        if wiring.vad is not None:
-            await wiring.vad.close()
+        for intake, task in zip(wiring.intakes, tasks.intakes, strict=True):
+            # Every synthesis has ended: its clients get what is left, then the hang-up.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(INTAKE_CLOSE_S):
+                    await intake.close()
+            task.cancel()
         for task in tasks.helpers:
             task.cancel()
         if wiring.durable is not None:  # the last terminal events go out before the link closes
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
                     await wiring.durable.journal.settle()
-        wiring.link.publish(wiring.events.state_message(wiring.pipeline.snapshot()))
+        wiring.link.publish(wiring.events.state_message(wiring.stages.snapshot()))
         await wiring.link.close([wiring.events.status_message(False)], CLOSE_TIMEOUT_S)
         tasks.link.cancel()
         if pool is not None:
@@ -384,7 +389,7 @@ class Daemon:
         log.critical("exiting_engine_wedged", reason=reason, exit_code=EXIT_SOFTWARE)
         if wiring.durable is not None:
             wiring.durable.outbox.leave_open()
-        stopped = wiring.pipeline.ledger.stop_all()
+        stopped = wiring.stages.ledger.stop_all()
         log.info("left_for_restart_total", requests=stopped, journal=wiring.durable is not None)
         self.request_stop()
 
@@ -406,7 +411,8 @@ class _Tasks:
     link: asyncio.Task[None]
     tts: asyncio.Task[None]
     playback: asyncio.Task[None]
-    wyoming: asyncio.Task[None] | None
+    intakes: list[asyncio.Task[None]]
+    """One per intake, in ``DaemonParts.intakes``' order."""
     journal: asyncio.Task[None] | None = None
     helpers: list[asyncio.Task[Any]] = field(default_factory=list)
     """Cancelled at the end of the drain."""

@@ -202,7 +202,8 @@ def _voice(config: DaemonConfig) -> list[Finding]:
     if facts is None or voice is None or found:
         return found
     from s2s_daemon.pipeline.vocabulary import EngineError
-    from s2s_daemon.pipeline.voices import VoiceLibrary, check_voice, default_voices_dir
+    from s2s_daemon.pipeline.voice_policy import check_voice
+    from s2s_daemon.pipeline.voices import VoiceLibrary, default_voices_dir
 
     library = VoiceLibrary(config.tts.voices_dir or default_voices_dir(), facts.mode)
     try:
@@ -241,7 +242,7 @@ def _mqtt_files(config: DaemonConfig) -> list[Finding]:
 
 
 def _http_key(config: DaemonConfig) -> list[Finding]:
-    from s2s_daemon.intake.http import read_api_key
+    from s2s_daemon.intake.http.api_key import read_api_key
 
     path = config.http.api_key_file
     if not config.http.enabled or path is None:

@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import codecs
 import functools
-import json
 import os
 import signal
 import sys
@@ -31,14 +30,15 @@ from s2s_daemon.errors import (
     UsageError,
 )
 from s2s_daemon.events.publisher import latency_payload
-from s2s_daemon.intake.schemas import parse_say, parse_stream_piece
+from s2s_daemon.intake.admission import SayAsk, admit
 from s2s_daemon.pipeline.jobs import Job
 from s2s_daemon.pipeline.messages import ErrorCode, Status
 from s2s_daemon.pipeline.textfeed import TextFeed
-from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice
-from s2s_daemon.pipeline.voices import VoiceLibrary, check_voice, model_voice
+from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo
+from s2s_daemon.pipeline.voice_policy import command_line_voice
+from s2s_daemon.pipeline.voices import VoiceLibrary
 from s2s_daemon.tts.engine import SynthesisRequest
-from s2s_daemon.wiring import build_pipeline, load_engine, voice_library
+from s2s_daemon.wiring import build_stages, load_engine, voice_library
 
 log = structlog.get_logger(__name__)
 
@@ -66,27 +66,16 @@ class LogEvents:
         return None
 
 
-def default_voice(
-    config: DaemonConfig, cli_voice: str | None, info: EngineInfo, library: VoiceLibrary | None = None
-) -> str | None:
-    """The voice to speak in: ``--voice`` wins; then ``tts.voice``; with neither (``auto``) the
-    model's own (``model_voice``: Ryan, else its first preset speaker, else the library's first voice
-    it can speak). A name that is no preset speaker may be a voice of ``library``."""
-    named = cli_voice if cli_voice is not None else config.tts.named_voice
-    if named is None:
-        chosen = model_voice(info.voices, library)
-        log.info("voice_default", voice=chosen, model_voices=len(info.voices), mode=info.mode)
-        return chosen
-    key = "--voice" if cli_voice is not None else "tts.voice"
+def default_voice(config: DaemonConfig, cli_voice: str | None, info: EngineInfo, library: VoiceLibrary) -> str | None:
+    """The voice to speak in (``voice_policy.command_line_voice``); ConfigError naming ``--voice`` or
+    ``tts.voice`` when it is none this model can speak."""
     try:
-        if library is not None:
-            check_voice(named, info.voices, library)
-            found = library.lookup(named) if named.strip().lower() not in {v.lower() for v in info.voices} else None
-            if found is not None:
-                return found.name
-        return match_voice(named, info.voices, None)
+        voice = command_line_voice(cli_voice, config.tts.named_voice, info.voices, library)
     except EngineError as exc:
-        raise ConfigError(f"{key}: {exc}") from exc
+        raise ConfigError(f"{'--voice' if cli_voice is not None else 'tts.voice'}: {exc}") from exc
+    if cli_voice is None and config.tts.named_voice is None:
+        log.info("voice_default", voice=voice, model_voices=len(info.voices), mode=info.mode)
+    return voice
 
 
 STDIN_IDLE_S = 24 * 3600.0
@@ -201,28 +190,28 @@ async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
             ref_audio=str(args.ref_audio) if args.ref_audio else None,
             ref_text=args.ref_text,
         )
-        pipeline = build_pipeline(
-            config, worker, info, sink, events, max_pending=1, default_voice=voice, template=template
-        )
-        fields = {"voice": voice, "language": args.language, "instruct": args.instruct}
-        fields = {k: v for k, v in fields.items() if v is not None}
+        stages = build_stages(config, worker, info, sink, events, max_pending=1, default_voice=voice, template=template)
         feed: TextFeed | None = None
-        if args.text == "-":  # a text still being written: spoken sentence by sentence as it comes
-            piece = parse_stream_piece(json.dumps({"id": "stdin", "seq": 0, **fields}).encode(), pipeline.rules)
-            assert piece.opening is not None
-            parsed = piece.opening
-            feed = TextFeed(pipeline.rules.max_text_chars, STDIN_IDLE_S)
-            parsed = replace(parsed, request=replace(parsed.request, feed=feed, origin="cli"))
-        else:
-            parsed = parse_say(json.dumps({"text": args.text, **fields}).encode(), pipeline.rules, origin="cli")
+        streamed = args.text == "-"  # a text still being written: spoken sentence by sentence as it comes
+        ask = SayAsk(
+            "" if streamed else args.text,
+            id="stdin" if streamed else None,
+            voice=voice,
+            language=args.language,
+            instruct=args.instruct,
+        )
+        parsed = admit(ask, stages.rules, origin="cli", streamed=streamed)
+        if streamed and parsed.error is None:
+            feed = TextFeed(stages.rules.max_text_chars, STDIN_IDLE_S)
+            parsed = replace(parsed, request=replace(parsed.request, feed=feed))
         if parsed.error is not None:
             raise refused(parsed.error.code, parsed.error.message)
-        pipeline.ledger.submit(parsed.request)
-        pipeline.requests.close()
+        stages.ledger.submit(parsed.request)
+        stages.requests.close()
         if feed is not None:
             read_stdin(feed)
-        with CtrlC(pipeline.ledger) as interrupted:
-            await pipeline.run()
+        with CtrlC(stages.ledger) as interrupted:
+            await stages.run()
         job = events.finished_job
         if interrupted:
             return _interrupted(job, args.out)

@@ -13,57 +13,55 @@ events, journal outbox, intakes, MQTT link, listeners), built in one direction.
 from __future__ import annotations
 
 import asyncio
-import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import structlog
 
 from s2s_daemon.audio.playback import PlaybackStage
-from s2s_daemon.audio.sink import AudioSink
+from s2s_daemon.audio.sink import AudioDeviceError, AudioSink
 from s2s_daemon.config import DaemonConfig
 from s2s_daemon.errors import ConfigError, UnavailableError
 from s2s_daemon.events.discovery import HaDiscovery
 from s2s_daemon.events.metrics import DaemonMetrics, MeteredEvents
 from s2s_daemon.events.publisher import MqttEvents
+from s2s_daemon.intake.admission import IntakeRules
+from s2s_daemon.intake.door import Intake, IntakeContext, IntakeOpener
 from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.mqtt import MQTT_ORIGINS, MqttIntake
 from s2s_daemon.intake.pool import PoolHandBack
-from s2s_daemon.intake.schemas import IntakeRules
 from s2s_daemon.intake.streams import StreamIntake
+from s2s_daemon.mqtt.broker import EmbeddedBroker
 from s2s_daemon.mqtt.connection import MqttProtocol
 from s2s_daemon.mqtt.link import MqttLink
 from s2s_daemon.mqtt.packets import OutMessage, Publisher
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import JobEvents, Ledger
-from s2s_daemon.pipeline.journal import RequestJournal
-from s2s_daemon.pipeline.messages import Utterance
+from s2s_daemon.pipeline.jobs import JobEvents, Ledger, SpeakerTurn
+from s2s_daemon.pipeline.journal import Recovered, RequestJournal, default_journal_path
 from s2s_daemon.pipeline.outbox import DurableRequests, Outbox
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice, normalize_language
-from s2s_daemon.pipeline.voices import (
-    VoiceKind,
-    VoiceLibrary,
-    check_voice,
-    default_voices_dir,
-    library_choices,
-    model_voice,
-)
+from s2s_daemon.pipeline.voice_policy import VoicePolicy, check_voice, model_voice, no_default_voice
+from s2s_daemon.pipeline.voices import VoiceLibrary, default_voices_dir
 from s2s_daemon.tts.engine import (
     CheckpointError,
     ModelUnavailableError,
     SynthesisRequest,
     TtsEngine,
-    UnknownVoiceError,
 )
 from s2s_daemon.tts.registry import create_engine, engine_options
 from s2s_daemon.tts.stage import TtsStage
 from s2s_daemon.tts.worker import EngineWorker
 from s2s_daemon.vad.policy import BargeIn, VadGate
+
+if TYPE_CHECKING:  # their modules need extras (aiohttp, a microphone): imported where they are opened
+    from s2s_daemon.intake.http.server import HttpSpeechServer
+    from s2s_daemon.vad.detector import VadEvent
+    from s2s_daemon.vad.stage import VadStage
 
 log = structlog.get_logger(__name__)
 
@@ -119,40 +117,21 @@ def voice_library(config: DaemonConfig, info: EngineInfo) -> VoiceLibrary:
     return VoiceLibrary(config.tts.voices_dir or default_voices_dir(), info.mode)
 
 
-def no_default_voice(info: EngineInfo, library: VoiceLibrary, voice: str | None) -> str | None:
-    """Why requests to this model must name a voice, or None. A Base model clones a recording and
-    has no voice of its own: without a library voice (``tts.voice``, else the library's first, or
-    a ``say --ref-audio``) there is nothing to speak with, and a request that names no voice is
-    refused, saying how to make one, rather than spoken in a voice the model was never given."""
-    if info.mode != "base" or info.voices:
-        return None
-    try:
-        if voice is not None and library.lookup(voice) is not None:
-            return None
-    except UnknownVoiceError:  # a voice of another kind: load_engine refused a tts.voice set so
-        pass
-    return (
-        "this Base model speaks cloned voices only and has no default voice: name a library voice in"
-        f" the request, or set tts.voice to one ({library_choices(library)})"
-    )
-
-
 UTTERANCES_AHEAD = 1
 """Utterances synthesized ahead of the one playing (gapless hand-over, bounded memory)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Pipeline:
+class SpeechStages:
+    """The request queue, the ledger, the rules and the two stages (TTS, playback) that ``run`` and
+    ``say`` share; built of the ``pipeline/`` package's types."""
+
     requests: RequestQueue
     ledger: Ledger
     rules: IntakeRules
     tts: TtsStage
     playback: PlaybackStage
     library: VoiceLibrary | None = None
-
-    def voice_kinds(self) -> dict[str, str]:
-        """Every voice a request may name, preset speakers and library voices, with its kind (``info``)."""
-        return voice_kinds(self.rules)
 
     def snapshot(self) -> tuple[str, str | None, int]:
         """(idle|synthesizing|speaking, current id, queue length) for the retained state topic."""
@@ -181,7 +160,7 @@ def build_rules(
     if voice is None:  # tts.voice: auto
         voice = model_voice(info.voices, library)
     cloning = template is not None and template.ref_audio is not None  # say --ref-audio
-    no_default = None if cloning else no_default_voice(info, library, voice)
+    no_default = None if cloning else no_default_voice(info.mode, info.voices, library, voice)
     if no_default is not None:
         voice = None
         log.warning("no_default_voice", model=info.model, mode=info.mode, requests_without_a_voice=no_default)
@@ -191,26 +170,14 @@ def build_rules(
         site_id=config.site_id,
         max_text_chars=config.tts.max_text_chars,
         max_instruct_chars=config.tts.max_instruct_chars,
-        voices=info.voices,
+        voices=VoicePolicy(info.voices, voice, library, no_default),
         languages=info.languages,
-        default_voice=voice,
         default_language=config.tts.language,
-        library=library,
         stream_idle_s=config.tts.stream_idle_s,
-        no_default=no_default,
     )
 
 
-def voice_kinds(rules: IntakeRules) -> dict[str, str]:
-    """Every voice a request may name, preset speakers and library voices, with its kind (``info``)."""
-    kinds: dict[str, str] = {}
-    if rules.library is not None:
-        kinds.update({name: str(kind) for name, kind in rules.library.names().items()})
-    kinds.update({name: str(VoiceKind.PRESET) for name in rules.voices})  # presets win a clash
-    return kinds
-
-
-def build_pipeline(
+def build_stages(
     config: DaemonConfig,
     worker: EngineWorker,
     info: EngineInfo,
@@ -222,18 +189,18 @@ def build_pipeline(
     gate: Callable[[], asyncio.Future[None] | None] | None = None,
     template: SynthesisRequest | None = None,
     rules: IntakeRules | None = None,
-) -> Pipeline:
-    """The pipeline for ``config``; ``default_voice`` overrides ``tts.voice`` (``say --voice``);
+) -> SpeechStages:
+    """The speech stages for ``config``; ``default_voice`` overrides ``tts.voice`` (``say --voice``);
     ``rules`` when they were built before (the daemon's events name their voices)."""
     requests = RequestQueue(config.queue.max_pending if max_pending is None else max_pending)
     ledger = Ledger(requests, events, config.queue.dedup_window)
     if rules is None:
         rules = build_rules(config, info, default_voice=default_voice, template=template)
-    library = rules.library
-    utterances: Channel[Utterance] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
+    library = rules.voices.library
+    utterances: Channel[SpeakerTurn] = Channel(UTTERANCES_AHEAD, Overflow.BLOCK, "utterances")
     # Only a speaker heard as it plays is worth waiting for: a file, the discard sink and callers'
     # streams take the audio as it comes, and nobody is kept out of the engine's steps for them.
-    realtime = bool(getattr(sink, "realtime", False))
+    realtime = sink.realtime
     pacer = Pacer(enabled=config.audio.gapless and realtime, max_wait_s=config.audio.prebuffer_max_s)
     tts = TtsStage(
         worker,
@@ -251,7 +218,7 @@ def build_pipeline(
         runaway_margin=config.tts.runaway_margin,
     )
     playback = PlaybackStage(sink, utterances, ledger, pacer)
-    return Pipeline(requests, ledger, rules, tts, playback, library)
+    return SpeechStages(requests, ledger, rules, tts, playback, library)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,14 +233,14 @@ class DaemonHooks:
 
 @dataclass(frozen=True, slots=True)
 class DaemonParts:
-    """What ``build_daemon`` built: the pipeline, its MQTT events and link, and the optional parts."""
+    """What ``build_daemon`` built: the speech stages, their MQTT events and link, the intakes, the rest."""
 
-    pipeline: Pipeline
+    stages: SpeechStages
     events: MqttEvents
     link: MqttLink
-    wyoming: Any
-    http: Any
-    vad: Any
+    intakes: tuple[Intake, ...]
+    """The doors beside MQTT's (``INTAKES``, the microphone's barge-in, the speech API last): run,
+    drained and closed by the lifecycle in one loop."""
     durable: DurableRequests | None = None
     """The journal's side of admission (and through it the outbox); None without the journal."""
     pool: PoolHandBack | None = None
@@ -291,36 +258,36 @@ async def build_daemon(
     metrics: DaemonMetrics,
     hooks: DaemonHooks,
     journal: RequestJournal | None = None,
-    http: Any = None,
+    http: HttpSpeechServer | None = None,
+    openers: Sequence[IntakeOpener] | None = None,
 ) -> DaemonParts:
     """The daemon's graph, each part built after what it needs. The MQTT link comes last (it needs
     the intake, which needs the ledger, which needs the events): the parts before it publish
     through a ``Publisher`` bound to the link once it exists. With the journal, terminal events go
     through the ``Outbox`` and the MQTT intake acknowledges what it journaled once committed; every
     terminal event is counted into the metrics first (``MeteredEvents``); the web page's live view
-    taps every event published (``LiveFeed``). Servers that listen are bound here (a taken port is
-    exit 69 before anything runs); the speech API, listening since before the model loaded, is
-    handed the pipeline."""
+    hears every event's payload as it is published (``LiveFeed``). The intakes (``openers``:
+    ``INTAKES`` unless a test names others) are opened here, listening (a taken port is exit 69
+    before anything runs); the speech API, listening since before the model loaded, is handed the
+    pipeline."""
     publisher = Publisher()
-    feed = LiveFeed(topics) if config.http.enabled else None
-    publish: Callable[[OutMessage], None] = feed.tap(publisher) if feed is not None else publisher
-    outbox = Outbox(journal, publish, OutMessage.restore, MQTT_ORIGINS) if journal is not None else None
+    feed = LiveFeed() if config.http.enabled else None
+    outbox = Outbox(journal, publisher, OutMessage.restore, MQTT_ORIGINS) if journal is not None else None
     rules = build_rules(config, info)
     events = MqttEvents(
-        publish=publish,
+        publish=publisher,
         topics=topics,
         info=info,
         qos=config.mqtt.qos,
         hermes=config.mqtt.hermes,
         on_utterance_end=hooks.on_utterance_end,
-        voice_kinds=functools.partial(voice_kinds, rules),
+        voice_kinds=rules.voices.kinds,
         outbox=outbox,
+        live=feed.add if feed is not None else None,
     )
     gate = VadGate(config.vad.max_wait_s)
-    pipeline = build_pipeline(
-        config, worker, info, sink, MeteredEvents(events, metrics, info), gate=gate.hold, rules=rules
-    )
-    ledger = pipeline.ledger
+    stages = build_stages(config, worker, info, sink, MeteredEvents(events, metrics, info), gate=gate.hold, rules=rules)
+    ledger = stages.ledger
     durable = DurableRequests(outbox, ledger) if outbox is not None else None
     pool = (  # a pool member hands its pool requests back on drain
         PoolHandBack(ledger, rules, topics, publisher, durable) if topics.pool_subscription is not None else None
@@ -335,7 +302,7 @@ async def build_daemon(
     intake = MqttIntake(ledger, rules, topics, config.mqtt.hermes, ha_birth=ha_birth, durable=durable, pool=pool)
 
     def on_connect() -> list[OutMessage]:
-        retained = [events.status_message(True), events.info_message(), events.state_message(pipeline.snapshot())]
+        retained = [events.status_message(True), events.info_message(), events.state_message(stages.snapshot())]
         return retained + discovery.connect_messages()  # Home Assistant's configs, or their removal
 
     link = MqttLink(
@@ -352,11 +319,53 @@ async def build_daemon(
     )
     publisher.bind(link.publish)
     link.prepare()
-    wyoming = await open_wyoming(config, ledger, rules, info)
-    if http is not None:
-        http.attach(ledger, rules, info, feed)
+    context = IntakeContext(ledger, rules, info)
+    intakes: list[Intake] = []
+    for opener in INTAKES if openers is None else openers:
+        opened = await opener(config, context)
+        if opened is not None:
+            intakes.append(opened)
     vad = await open_vad(config, ledger, events, gate)
-    return DaemonParts(pipeline, events, link, wyoming, http, vad, durable, pool, intake.streams)
+    if vad is not None:
+        intakes.append(vad)
+    if http is not None:  # listening since before the model loaded (the probes): closed last
+        http.attach(ledger, rules, info, feed)
+        intakes.append(http)
+    return DaemonParts(stages, events, link, tuple(intakes), durable, pool, intake.streams)
+
+
+def open_journal(
+    config: DaemonConfig, on_commit: Callable[[float], None]
+) -> tuple[RequestJournal | None, Recovered | None]:
+    """The request journal, open, and what it recovered (``journal.enabled``; an unwritable one is
+    exit 69 naming its path); ``(None, None)`` without it."""
+    if not config.journal.enabled:
+        log.warning("journal_disabled", consequence="requests queued at a crash are lost")
+        return None, None
+    path = config.journal.path or default_journal_path(config.site_id)
+    journal = RequestJournal(path, config.queue.dedup_window, config.journal.synchronous, on_commit=on_commit)
+    return journal, journal.open()
+
+
+async def open_sink(config: DaemonConfig) -> AudioSink:
+    """The configured sink, open; a device it cannot open is exit 69 naming ``audio.sink``."""
+    from s2s_daemon.audio.select import make_sink  # the sound libraries load with the sink
+
+    sink = make_sink(config.audio)
+    try:
+        await sink.open()
+    except AudioDeviceError as exc:
+        raise UnavailableError(f"audio.sink {config.audio.sink!r}: {exc}") from exc
+    return sink
+
+
+async def start_broker(config: DaemonConfig) -> EmbeddedBroker | None:
+    """The embedded broker, started (``mqtt.broker: embedded``); None for an external one."""
+    if config.mqtt.broker != "embedded":
+        return None
+    broker = EmbeddedBroker(config.mqtt.port)
+    await broker.start()
+    return broker
 
 
 def require_wyoming() -> None:
@@ -368,19 +377,27 @@ def require_wyoming() -> None:
         raise UnavailableError(msg) from exc
 
 
-async def open_wyoming(config: DaemonConfig, ledger: Ledger, rules: IntakeRules, info: EngineInfo) -> Any:
-    """The Wyoming TTS server, listening (a taken port is exit 69); None when it is off."""
+async def open_wyoming(config: DaemonConfig, context: IntakeContext) -> Intake | None:
+    """The Wyoming TTS server, listening (a taken port is exit 69); None when it is off. Its module
+    is imported here: the ``wyoming`` package is an extra."""
     if not config.wyoming.enabled:
         return None
     require_wyoming()
     from s2s_daemon.intake.wyoming import WyomingServer
 
-    server = WyomingServer(config.wyoming, ledger, rules, info, config.site_id)
+    server = WyomingServer(config.wyoming, context.ledger, context.rules, context.info, config.site_id)
     await server.start()
     return server
 
 
-async def open_vad(config: DaemonConfig, ledger: Ledger, events: MqttEvents, gate: VadGate) -> Any:
+INTAKES: tuple[IntakeOpener, ...] = (open_wyoming,)
+"""The intakes opened beside MQTT's, in this order (each reads its own config section; None: off).
+A new intake is its module and one line here (docs/extending.md: adding an intake). The speech API
+(opened before the model loads, for the probes) and the microphone's barge-in are added by
+``build_daemon`` itself."""
+
+
+async def open_vad(config: DaemonConfig, ledger: Ledger, events: MqttEvents, gate: VadGate) -> VadStage | None:
     """The microphone's voice activity stage, open (its events and the barge-in); None when it is off."""
     if not config.vad.enabled:
         return None
@@ -388,7 +405,7 @@ async def open_vad(config: DaemonConfig, ledger: Ledger, events: MqttEvents, gat
 
     barge_in = BargeIn(config.vad.policy, gate, ledger)
 
-    def on_event(event: Any) -> None:
+    def on_event(event: VadEvent) -> None:
         events.vad(event.speaking, event.signal_ms)
         barge_in.on_speech(event.speaking)
 

@@ -86,6 +86,7 @@ class ChunkSink:
     """Drops the audio; notes when each chunk came and how long it was."""
 
     name = "bench"
+    realtime = False
 
     def __init__(self) -> None:
         self.chunks: list[tuple[float, float, float]] = []
@@ -132,7 +133,7 @@ async def _round(args: argparse.Namespace) -> dict[str, Any]:
     from s2s_daemon.pipeline.segment import split_sentences
     from s2s_daemon.pipeline.textfeed import TextFeed
     from s2s_daemon.tts.engine import SynthesisRequest
-    from s2s_daemon.wiring import build_pipeline, load_engine
+    from s2s_daemon.wiring import build_stages, load_engine
 
     environ = {
         "S2S_TTS__MODEL": str(args.model),
@@ -151,9 +152,9 @@ async def _round(args: argparse.Namespace) -> dict[str, Any]:
     sink = ChunkSink()
     events = Events()
     template = SynthesisRequest(text="", voice=None, language="auto", seed=1, greedy=True)
-    pipeline = build_pipeline(config, worker, info, sink, events, max_pending=4, template=template)
-    run = asyncio.create_task(pipeline.run())
-    ledger = pipeline.ledger
+    stages = build_stages(config, worker, info, sink, events, max_pending=4, template=template)
+    run = asyncio.create_task(stages.run())
+    ledger = stages.ledger
     voice = info.voices[0] if info.voices else None
     result: dict[str, Any] = {"load_rss_mib": round(rss_mib(), 1)}
 
@@ -268,7 +269,7 @@ async def _round(args: argparse.Namespace) -> dict[str, Any]:
             "status": str(job.status),
         }
     result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
-    pipeline.requests.close()
+    stages.requests.close()
     await run
     await worker.close()
     return result

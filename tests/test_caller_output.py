@@ -11,8 +11,8 @@ import pytest
 
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Job, Ledger
-from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, SayRequest, Status, Utterance
+from s2s_daemon.pipeline.jobs import Job, Ledger, SpeakerTurn
+from s2s_daemon.pipeline.messages import OnFirstSample, PlaybackReport, SayRequest, Status, Utterance
 from s2s_daemon.pipeline.output import CallerStream, pcm16
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.tts.engine import EngineOptions
@@ -25,11 +25,12 @@ class RealTimeSpeaker:
     """A speaker that takes as long to play a chunk as the chunk lasts."""
 
     name = "speaker"
+    realtime = False
 
     async def open(self) -> None:
         return None
 
-    async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport:
+    async def play(self, utterance: Utterance, on_first_sample: OnFirstSample) -> PlaybackReport:
         first = None
         samples = 0
         async for chunk in utterance.chunks:
@@ -72,7 +73,7 @@ async def pipeline(
     events = Events()
     requests = RequestQueue(8)
     ledger = Ledger(requests, events, 64)
-    utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
+    utterances: Channel[SpeakerTurn] = Channel(1, Overflow.BLOCK, "utterances")
     tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=2)
     playback = PlaybackStage(RealTimeSpeaker(), utterances, ledger)
     tasks = [asyncio.create_task(tts.run()), asyncio.create_task(playback.run())]

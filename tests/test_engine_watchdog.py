@@ -19,7 +19,7 @@ from s2s_daemon.pipeline.messages import SayRequest, Status
 from s2s_daemon.tts.engine import DeviceMemory, EngineOptions, ShouldStop, SynthesisRequest
 from s2s_daemon.tts.watch import EngineTimeout, EngineWedged
 from s2s_daemon.tts.worker import EngineWorker
-from s2s_daemon.wiring import build_pipeline
+from s2s_daemon.wiring import build_stages
 from tests.support.tone_engine import ToneEngine
 
 pytestmark = pytest.mark.timeout(30)
@@ -183,15 +183,15 @@ async def test_the_stage_answers_a_hung_request_once_and_serves_the_next(tmp_pat
         def state_changed(self) -> None:
             pass
 
-    pipeline = build_pipeline(config, worker, info, DiscardSink(), Events())
-    runner = asyncio.create_task(pipeline.run())
+    stages = build_stages(config, worker, info, DiscardSink(), Events())
+    runner = asyncio.create_task(stages.run())
     try:
         for rid, text in (("hung", "a sentence that stalls #stall=0.6 here"), ("next", "and then this one")):
-            job = pipeline.ledger.submit(
+            job = stages.ledger.submit(
                 SayRequest(id=rid, text=text, voice="Ryan", language="english", site_id="kitchen")
             )
             assert job.status is None
-        await asyncio.wait_for(asyncio.gather(*(j.done.wait() for j in list(pipeline.ledger.jobs.values()))), 10)
+        await asyncio.wait_for(asyncio.gather(*(j.done.wait() for j in list(stages.ledger.jobs.values()))), 10)
         by_id = {j.request.id: j for j in finished}
         assert len(finished) == 2 and set(by_id) == {"hung", "next"}
         hung = by_id["hung"]
@@ -201,7 +201,7 @@ async def test_the_stage_answers_a_hung_request_once_and_serves_the_next(tmp_pat
         assert by_id["next"].status is Status.COMPLETED
         assert worker.wedged is None
     finally:
-        pipeline.ledger.close()
+        stages.ledger.close()
         await asyncio.wait_for(runner, 5)
         await worker.close()
 

@@ -11,8 +11,8 @@ from structlog.testing import capture_logs
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.events.publisher import latency_payload
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
-from s2s_daemon.pipeline.jobs import Ledger, Timeline
-from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, SayRequest, Utterance
+from s2s_daemon.pipeline.jobs import Ledger, SpeakerTurn, Timeline
+from s2s_daemon.pipeline.messages import OnFirstSample, PlaybackReport, SayRequest, Utterance
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.vocabulary import EngineInfo
@@ -43,7 +43,7 @@ class RealTimeSpeaker:
     async def open(self) -> None:
         return None
 
-    async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport:
+    async def play(self, utterance: Utterance, on_first_sample: OnFirstSample) -> PlaybackReport:
         gaps = self.gaps.setdefault(utterance.request.id, [])
         gaps_at = self.gaps_at.setdefault(utterance.request.id, [])
         after_pause = self.after_pause.setdefault(utterance.request.id, [])
@@ -91,7 +91,7 @@ async def speak(
     events = Events()
     requests = RequestQueue(8)
     ledger = Ledger(requests, events, 64)
-    utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
+    utterances: Channel[SpeakerTurn] = Channel(1, Overflow.BLOCK, "utterances")
     speaker = speaker or RealTimeSpeaker()
     pacer = Pacer(max_wait_s=max_wait_s)
     if learned is not None:

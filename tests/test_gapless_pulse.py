@@ -14,8 +14,8 @@ from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.speaker import SpeakerSink
 from s2s_daemon.config import AudioConfig
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Ledger
-from s2s_daemon.pipeline.messages import SayRequest, Status, Utterance
+from s2s_daemon.pipeline.jobs import Ledger, SpeakerTurn
+from s2s_daemon.pipeline.messages import SayRequest, Status
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.tts.engine import EngineOptions
@@ -67,7 +67,7 @@ async def test_sentences_play_gaplessly_with_their_pause_on_the_null_sink(
     events = Events()
     requests = RequestQueue(4)
     ledger = Ledger(requests, events, 16)
-    utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
+    utterances: Channel[SpeakerTurn] = Channel(1, Overflow.BLOCK, "utterances")
     pacer = Pacer()
     tasks = [
         asyncio.create_task(TtsStage(worker, info, requests, utterances, ledger, 2, pacer=pacer).run()),

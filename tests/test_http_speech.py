@@ -239,7 +239,7 @@ async def test_a_whole_file_stopped_part_way_is_409_and_the_events_agree(tmp_pat
             client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="wav")
         )
         assert api.daemon._parts is not None
-        ledger = api.daemon._parts.pipeline.ledger
+        ledger = api.daemon._parts.stages.ledger
         async with asyncio.timeout(20):  # a second of its audio made (polled: no event says so)
             while not any(j.timeline.audio_s >= 1.0 for j in ledger.jobs.values()):  # noqa: ASYNC110  (no event to wait on)
                 await asyncio.sleep(0.02)
@@ -302,6 +302,26 @@ async def test_concurrent_requests_share_the_queue_with_mqtt(tmp_path: Path, mos
         assert set(latency[ids[0]]) == set(latency["from-mqtt"])
         assert set(finished[ids[0]]) == set(finished["from-mqtt"])
         assert 0 <= latency[ids[0]]["ttfaMs"] <= latency[ids[0]]["e2eMs"]
+
+
+async def test_a_long_input_is_text_too_long_as_it_was_sent(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """The speech request is checked as it was sent (``admission.admit``), not re-encoded as an MQTT
+    payload: 800,000 characters of "é" (1.6 MB as sent, 4.8 MB once escaped as JSON's ASCII) in a
+    body the API takes (``http.max_body_bytes``) are ``text_too_long`` naming ``input``, not a
+    ``bad_payload`` about a payload the client never sent."""
+    text = "é" * 800_000
+    async with (
+        speech_api(tmp_path, mosquitto, http={"max_body_bytes": 2 * 1024 * 1024}) as api,
+        aiohttp.ClientSession(api.base_url) as http,
+    ):
+        headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+        body = io.BytesIO(
+            json.dumps({"model": "tts-1", "input": text}, ensure_ascii=False).encode()
+        )  # not raw bytes: large
+        async with http.post("/v1/audio/speech", data=body, headers=headers) as r:
+            error = (await r.json())["error"]
+        assert (r.status, error["code"], error["param"]) == (400, "text_too_long", "input"), error
+        assert error["message"] == f"text has {len(text)} characters; the limit is 2000", error
 
 
 async def test_errors_are_openai_error_json(tmp_path: Path, mosquitto: Mosquitto) -> None:

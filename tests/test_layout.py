@@ -70,3 +70,65 @@ def test_intake_audio_and_tts_never_import_each_other() -> None:
                 crossing.append(f"{path.relative_to(PACKAGE)} imports {module}")
     rule = "an intake never imports audio, audio never imports an intake, tts never imports either"
     assert not crossing, f"{rule}; these do:\n" + "\n".join(crossing)
+
+
+SAME_NAME_ELSEWHERE = {
+    "CpuTimes": "the engine's CPU watch (tts/threads.py) and the benchmark's machine line (bench/machine.py)",
+    "Progress": "a start's long steps (progress.py) and the benchmark's bar (bench/runner.py)",
+    "RMSNorm": "the codec's and the talker's layers, inside the torch engine",
+    "Samples": "the torch engine's overlap module's array alias, inside the engine",
+}
+"""Names two modules still define, apart from the daemon's own vocabulary (left as they are)."""
+
+
+def _public_names(path: Path) -> set[str]:
+    """The classes and type aliases ``path`` defines at module level (CapWords names)."""
+    found: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef):
+            found.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found.update(t.id for t in targets if isinstance(t, ast.Name) and t.id[:1].isupper() and not t.id.isupper())
+    return {name for name in found if not name.startswith("_")}
+
+
+def test_one_name_one_meaning() -> None:
+    """A class or alias name is defined in one module: ``FirstSample`` the ledger's event (not also
+    a sink's callback), ``Phase`` a request's (the daemon's is ``LifecyclePhase``)."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for name in _public_names(path):
+            where.setdefault(name, []).append(str(path.relative_to(PACKAGE)))
+    twice = {name: paths for name, paths in where.items() if len(paths) > 1 and name not in SAME_NAME_ELSEWHERE}
+    assert twice == {}
+    assert set(SAME_NAME_ELSEWHERE) <= {name for name, paths in where.items() if len(paths) > 1}  # none is stale
+
+
+def test_the_stages_are_handed_their_jobs() -> None:
+    """A say's walk hands each stage its job (``SpeakerTurn``): neither the TTS stage nor the
+    speaker's side (``audio/``) looks a job up again by its id in the ledger's ``jobs``."""
+    looked_up = []
+    for path in sorted([*(PACKAGE / "audio").rglob("*.py"), *(PACKAGE / "tts").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            jobs = node.value if isinstance(node, ast.Subscript) else None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+                jobs = node.func.value
+            if isinstance(jobs, ast.Attribute) and jobs.attr == "jobs":
+                looked_up.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert looked_up == []
+
+
+def test_the_lifecycle_sets_nothing_on_what_it_was_handed() -> None:
+    """``app.py`` runs what the wiring built whole: it assigns no attribute of another object
+    (``journal.on_commit = ...``, ``self.readiness.broker_connected = ...``), only its own."""
+    patched = []
+    for node in ast.walk(ast.parse((PACKAGE / "app.py").read_text(encoding="utf-8"))):
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        for target in targets:
+            owner = target.value if isinstance(target, ast.Attribute) else None
+            if owner is not None and not (isinstance(owner, ast.Name) and owner.id == "self"):
+                patched.append(f"app.py:{node.lineno} {ast.unparse(target)}")
+    assert patched == []

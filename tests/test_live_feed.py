@@ -1,55 +1,63 @@
-"""The web page's live feed (``events/live.py``): what MqttEvents publishes passes through to the
-link unchanged and is kept and handed to the page's subscriptions; a slow page loses its oldest
-events, never blocks the daemon; closing ends every subscription."""
+"""The web page's live feed (``intake/http/live.py``): ``MqttEvents`` hands it each event's payload
+as it publishes it (the object its MQTT message encodes, never decoded back), the feed keeps the
+state, the latency and the memory events and hands them to the page's subscriptions; a slow page
+loses its oldest events, never blocks the daemon; closing ends every subscription."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import time
+from pathlib import Path
 
+from s2s_daemon.events.publisher import MqttEvents
+from s2s_daemon.intake.http import live
 from s2s_daemon.intake.http.live import LATENCY_KEPT, MEMORY_KEPT_S, LiveEvent, LiveFeed, Subscription
 from s2s_daemon.mqtt.packets import OutMessage
 from s2s_daemon.mqtt.topics import Topics
+from s2s_daemon.pipeline.jobs import Job, Timeline
+from s2s_daemon.pipeline.messages import SayRequest, Status
+from s2s_daemon.pipeline.vocabulary import EngineInfo
 
 TOPICS = Topics("s2s", "kitchen")
 
 
-def _message(topic: str, payload: dict[str, object]) -> OutMessage:
-    return OutMessage(topic, json.dumps(payload).encode(), 1)
-
-
-async def test_tap_passes_every_message_on_and_keeps_state_latency_and_memory() -> None:
-    feed = LiveFeed(TOPICS)
+async def test_the_feed_gets_what_mqtt_events_publish_without_decoding_it() -> None:
+    feed = LiveFeed()
     sent: list[OutMessage] = []
-    publish = feed.tap(sent.append)
+    info = EngineInfo("tone", "m", "cpu", 24000, voices=("Ryan",))
+    events = MqttEvents(sent.append, TOPICS, info, 1, False, lambda: None, live=feed.add)
+    job = Job(SayRequest("a", "hi", "Ryan", "auto", "kitchen"), Timeline(received=time.monotonic()))
+    job.timeline.first_sample_out = job.timeline.last_sample_played = time.monotonic()
     now_ms = time.time() * 1000.0
-    messages = [
-        _message(TOPICS.state, {"state": "speaking", "queue": 2, "currentId": "a"}),
-        _message(TOPICS.latency, {"id": "a", "ttfaMs": 12.5, "rtf": 0.4}),
-        _message(TOPICS.memory, {"ts": now_ms - (MEMORY_KEPT_S + 5) * 1000.0, "rssMiB": 1.0}),  # too old
-        _message(TOPICS.memory, {"ts": now_ms, "rssMiB": 2.0}),
-        _message("hermes/tts/sayFinished", {"id": "a"}),  # not the live view's
-        OutMessage(TOPICS.status, b"online", 1, True),  # not JSON: passed on, not kept
-    ]
     with feed.subscribe() as subscription:
-        for message in messages:
-            publish(message)
-        got = [await subscription.get() for _ in range(4)]
-    kinds = [event.kind for event in got if event is not None]
-    assert sent == messages
-    assert kinds == ["state", "latency", "memory", "memory"]
-    assert feed.state == {"state": "speaking", "queue": 2, "currentId": "a"}
+        events.started(job)
+        job.status = Status.COMPLETED
+        events.finished(job)
+        events.memory({"ts": now_ms - (MEMORY_KEPT_S + 5) * 1000.0, "rssMiB": 1.0})  # too old to keep
+        events.memory({"ts": now_ms, "rssMiB": 2.0})
+        events.vad(True, 12.0)  # not the live view's
+        got = [await subscription.get() for _ in range(5)]
+    kinds = {"started": TOPICS.started, "finished": TOPICS.finished, "latency": TOPICS.latency}
+    kinds["memory"] = TOPICS.memory
+    assert [event.kind for event in got if event is not None] == ["started", "finished", "latency", "memory", "memory"]
+    published = [(m.topic, json.loads(m.payload)) for m in sent]
+    for event in got:  # the page sees the payloads an MQTT subscriber sees
+        assert event is not None and (kinds[event.kind], event.payload) in published, event
     history = feed.history()
-    assert history["latency"] == [{"id": "a", "ttfaMs": 12.5, "rtf": 0.4}]
+    assert [p["id"] for p in history["latency"]] == ["a"]
     assert [m["rssMiB"] for m in history["memory"]] == [2.0]
     assert feed.subscribers == 0
+    source = Path(live.__file__).read_text(encoding="utf-8")  # noqa: ASYNC240  (a small file, read once)
+    imports = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import)]
+    assert "json" not in {alias.name for node in imports for alias in node.names}  # nothing to decode
 
 
 def test_latency_history_is_bounded() -> None:
-    feed = LiveFeed(TOPICS)
+    feed = LiveFeed()
     for i in range(LATENCY_KEPT + 10):
-        feed.observe(_message(TOPICS.latency, {"id": str(i)}))
+        feed.add("latency", {"id": str(i)})
     kept = feed.history()["latency"]
     assert len(kept) == LATENCY_KEPT and kept[0]["id"] == "10"
 
@@ -64,7 +72,7 @@ async def test_a_slow_subscription_drops_its_oldest_events() -> None:
 
 
 async def test_close_ends_a_waiting_subscription() -> None:
-    feed = LiveFeed(TOPICS)
+    feed = LiveFeed()
     with feed.subscribe() as subscription:
         waiting = asyncio.create_task(subscription.get())
         await asyncio.sleep(0)

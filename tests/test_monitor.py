@@ -25,7 +25,7 @@ from s2s_daemon.config import load_config
 from s2s_daemon.errors import ConfigError, UnavailableError
 from s2s_daemon.events.metrics import DaemonMetrics
 from s2s_daemon.events.publisher import latency_payload
-from s2s_daemon.events.readiness import Phase, Readiness
+from s2s_daemon.events.readiness import LifecyclePhase, Readiness
 from s2s_daemon.intake.http import require_monitor_extra
 from s2s_daemon.pipeline.jobs import Job, Timeline
 from s2s_daemon.pipeline.messages import SayRequest, Status
@@ -294,11 +294,11 @@ def test_readiness_names_what_it_waits_for_in_each_phase() -> None:
     connected = [False]
     readiness.broker_connected = lambda: connected[0]
     expected = {
-        Phase.STARTING: ["model_loaded", "warmed_up", "accepting", "broker_connected"],
-        Phase.LOADING: ["model_loaded", "warmed_up", "accepting", "broker_connected"],
-        Phase.WARMING: ["warmed_up", "accepting", "broker_connected"],
-        Phase.OPENING: ["accepting", "broker_connected"],
-        Phase.SERVING: ["broker_connected"],
+        LifecyclePhase.STARTING: ["model_loaded", "warmed_up", "accepting", "broker_connected"],
+        LifecyclePhase.LOADING: ["model_loaded", "warmed_up", "accepting", "broker_connected"],
+        LifecyclePhase.WARMING: ["warmed_up", "accepting", "broker_connected"],
+        LifecyclePhase.OPENING: ["accepting", "broker_connected"],
+        LifecyclePhase.SERVING: ["broker_connected"],
     }
     for phase, missing in expected.items():
         readiness.enter(phase)
@@ -314,7 +314,7 @@ def test_readiness_names_what_it_waits_for_in_each_phase() -> None:
             "checks": {"model_loaded": True, "warmed_up": True, "accepting": True, "broker_connected": True},
         },
     )
-    readiness.enter(Phase.DRAINING)
+    readiness.enter(LifecyclePhase.DRAINING)
     ready, body = readiness.report()
     assert not ready and body["not_ready"] == ["accepting"] and "draining" in body["reason"]
 

@@ -1,4 +1,4 @@
-"""MqttLink against a real mosquitto: the outbox (order, acknowledgement, survival of a
+"""MqttLink against a real mosquitto: the send queue (order, acknowledgement, survival of a
 restart) and the inbox (bounded, acknowledged only once handled, in order).
 
 The link drives paho-mqtt on the event loop (``PahoConnection``) and tracks PUBACKs both
@@ -98,7 +98,7 @@ async def run_until(link: MqttLink, condition: Callable[[], bool], timeout_s: fl
         await runner
 
 
-async def test_outbox_is_delivered_in_order_and_acknowledged(mosquitto: Mosquitto) -> None:
+async def test_the_send_queue_is_delivered_in_order_and_acknowledged(mosquitto: Mosquitto) -> None:
     n = 5 * PUBLISH_WINDOW
     async with recorder(mosquitto.port, subscribe=(TOPIC,)) as rec:
         link = make_link(mosquitto.port)
@@ -111,11 +111,11 @@ async def test_outbox_is_delivered_in_order_and_acknowledged(mosquitto: Mosquitt
         await rec.wait_for(lambda: rec.on(TOPIC)[-1].payload == b"last", 5)
     payloads = [m.payload for m in rec.on(TOPIC)]
     assert payloads == [str(i).encode() for i in range(n)] + [b"last"]
-    assert len(link.outbox) == 0
+    assert len(link.sending) == 0
 
 
 async def test_unacknowledged_publishes_survive_a_broker_restart(tmp_path: Path) -> None:
-    """Whatever the broker had not acknowledged goes back to the outbox and is sent again
+    """Whatever the broker had not acknowledged goes back to the send queue and is sent again
     after the reconnect: every message arrives at least once, none is lost.
 
     The subscriber is a persistent session that is offline while the link publishes (an
@@ -134,15 +134,15 @@ async def test_unacknowledged_publishes_survive_a_broker_restart(tmp_path: Path)
         await asyncio.wait_for(link.connected.wait(), 10)
         for i in range(n):
             link.publish(OutMessage(TOPIC, str(i).encode(), qos=1))
-        await poll(lambda: len(link.outbox) <= n - 200, 10)
-        assert len(link.outbox) > 0, "everything was sent before the restart: the test proves nothing"
+        await poll(lambda: len(link.sending) <= n - 200, 10)
+        assert len(link.sending) > 0, "everything was sent before the restart: the test proves nothing"
         broker.restart(down_s=0.3)
         await poll(lambda: not link.connected.is_set(), 10)
         await asyncio.wait_for(link.connected.wait(), 20)
-        await poll(lambda: len(link.outbox) == 0, 30)
+        await poll(lambda: len(link.sending) == 0, 30)
         await link.close([], timeout_s=30)
         await runner
-        assert len(link.outbox) == 0
+        assert len(link.sending) == 0
         async with recorder(broker.port, subscribe=(TOPIC,), identifier="link-sub", persistent=True) as rec:
             expected = {str(i).encode() for i in range(n)}
             with contextlib.suppress(TimeoutError):
@@ -184,7 +184,7 @@ async def test_requests_queued_while_away_arrive_in_order(mosquitto: Mosquitto) 
 
 async def test_a_message_paho_refuses_is_dropped_and_the_link_keeps_going(mosquitto: Mosquitto) -> None:
     """A topic paho cannot publish to (a v5 response topic with a wildcard comes from a client)
-    must neither crash the link nor block the outbox behind it."""
+    must neither crash the link nor block the send queue behind it."""
     async with recorder(mosquitto.port, subscribe=(TOPIC,)) as rec:
         link = make_link(mosquitto.port)
         runner = asyncio.create_task(link.run())

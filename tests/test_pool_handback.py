@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from s2s_daemon.intake.admission import IntakeRules
 from s2s_daemon.intake.mqtt import MQTT_ORIGINS, MqttIntake
 from s2s_daemon.intake.pool import PoolHandBack, hand_back_message, hand_back_payload
-from s2s_daemon.intake.schemas import IntakeRules, parse_say
+from s2s_daemon.intake.schemas import parse_say
 from s2s_daemon.mqtt.packets import InMessage, OutMessage
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.jobs import Job, Ledger
@@ -29,11 +30,12 @@ from s2s_daemon.pipeline.journal import RequestJournal
 from s2s_daemon.pipeline.messages import ReplyTo, SayRequest
 from s2s_daemon.pipeline.outbox import DurableRequests, Outbox
 from s2s_daemon.pipeline.queue import RequestQueue
+from s2s_daemon.pipeline.voice_policy import VoicePolicy
 from tests.support.broker import Mosquitto
 from tests.support.daemon import DaemonProcess, write_config
 from tests.support.mqtt import Recorder, recorder
 
-RULES = IntakeRules("kitchen", 2000, ("Ryan", "Vivian"), ("auto", "english", "chinese"), "Ryan", "auto")
+RULES = IntakeRules("kitchen", 2000, VoicePolicy(("Ryan", "Vivian"), "Ryan"), ("auto", "english", "chinese"), "auto")
 TOPICS = Topics("s2s", "kitchen", "speakers")
 POOL = "s2s/pool/tts/say"
 

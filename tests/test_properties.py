@@ -13,19 +13,20 @@ from hypothesis import strategies as st
 
 from s2s_daemon.config import load_config
 from s2s_daemon.errors import ConfigError
+from s2s_daemon.intake.admission import IntakeRules
 from s2s_daemon.intake.mqtt import MqttIntake
-from s2s_daemon.intake.schemas import IntakeRules, parse_say
+from s2s_daemon.intake.schemas import parse_say
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.messages import ErrorCode
 from s2s_daemon.pipeline.queue import RequestQueue
+from s2s_daemon.pipeline.voice_policy import VoicePolicy
 
 RULES = IntakeRules(
     site_id="kitchen",
     max_text_chars=200,
-    voices=("Ryan", "Vivian"),
+    voices=VoicePolicy(("Ryan", "Vivian"), "Ryan"),
     languages=("auto", "english", "chinese"),
-    default_voice="Ryan",
     default_language="auto",
 )
 FIELDS = ["id", "text", "voice", "language", "lang", "instruct", "sessionId", "siteId", "priority"]
@@ -46,7 +47,7 @@ def check_parsed(payload: bytes) -> None:
     if parsed.error is None:
         request = parsed.request
         assert request.text.strip() and len(request.text) <= RULES.max_text_chars
-        assert request.voice in RULES.voices and request.language in RULES.languages
+        assert request.voice in RULES.voices.presets and request.language in RULES.languages
         assert 0.0 <= request.volume <= 2.0
     else:
         assert isinstance(parsed.error.code, ErrorCode) and parsed.error.message

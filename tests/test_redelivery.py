@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 
+from s2s_daemon.intake.admission import IntakeRules
 from s2s_daemon.intake.mqtt import MqttIntake
-from s2s_daemon.intake.schemas import IntakeRules
 from s2s_daemon.mqtt.packets import InMessage
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.queue import RequestQueue
+from s2s_daemon.pipeline.voice_policy import VoicePolicy
 
 TOPICS = Topics("s2s", "kitchen")
-RULES = IntakeRules("kitchen", 2000, ("Ryan",), ("auto", "english"), "Ryan", "auto")
+RULES = IntakeRules("kitchen", 2000, VoicePolicy(("Ryan",), "Ryan"), ("auto", "english"), "auto")
 
 
 class Events:

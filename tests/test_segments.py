@@ -9,8 +9,8 @@ import numpy as np
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import DiscardSink
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Job, Ledger
-from s2s_daemon.pipeline.messages import SayRequest, Status, Utterance
+from s2s_daemon.pipeline.jobs import Job, Ledger, SpeakerTurn
+from s2s_daemon.pipeline.messages import SayRequest, Status
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
 from s2s_daemon.tts.registry import create_engine
@@ -34,7 +34,7 @@ async def speak(text: str) -> tuple[list[str], Job]:
     events = Events()
     requests = RequestQueue(4)
     ledger = Ledger(requests, events, 16)
-    utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
+    utterances: Channel[SpeakerTurn] = Channel(1, Overflow.BLOCK, "utterances")
     tasks = [
         asyncio.create_task(TtsStage(worker, info, requests, utterances, ledger, chunk_frames=4).run()),
         asyncio.create_task(PlaybackStage(DiscardSink(), utterances, ledger).run()),

@@ -2,7 +2,7 @@
 Wyoming) are synthesized beside each other and beside the speaker's, which stay one at a time
 and in queue order; with ``max_streams: 1`` every request waits for the one before it.
 
-The pipeline is ``build_pipeline``'s, on the tone engine (as fast as it can, 40 ms of audio a
+The pipeline is ``build_stages``'s, on the tone engine (as fast as it can, 40 ms of audio a
 character, a frame a chunk). A caller whose stream nobody reads holds its synthesis mid-way
 (back-pressure): it is running, and cannot end until it is read."""
 
@@ -24,13 +24,13 @@ from s2s_daemon.audio.sink import DiscardSink
 from s2s_daemon.config import load_config
 from s2s_daemon.pipeline.channel import ChannelClosed
 from s2s_daemon.pipeline.jobs import Job, Phase
-from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, SayRequest, Status, Utterance
+from s2s_daemon.pipeline.messages import OnFirstSample, PlaybackReport, SayRequest, Status, Utterance
 from s2s_daemon.pipeline.output import CallerStream
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.tts.engine import EngineOptions
 from s2s_daemon.tts.registry import create_engine
 from s2s_daemon.tts.worker import EngineWorker
-from s2s_daemon.wiring import Pipeline, build_pipeline
+from s2s_daemon.wiring import SpeechStages, build_stages
 from tests.support.events import Events
 
 FRAME_S = 0.08
@@ -49,6 +49,8 @@ class Speaker:
     and the most that played at once."""
 
     name = "speaker"
+    realtime = False
+    """Not paced: the stages' order is what these tests watch (``HeardSpeaker`` is paced)."""
 
     def __init__(self, speed: float = 8.0) -> None:
         self.speed = speed
@@ -59,7 +61,7 @@ class Speaker:
     async def open(self) -> None:
         return None
 
-    async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport:
+    async def play(self, utterance: Utterance, on_first_sample: OnFirstSample) -> PlaybackReport:
         self.played.append(utterance.request.id)
         self.playing += 1
         self.most = max(self.most, self.playing)
@@ -82,7 +84,7 @@ class Speaker:
 
 @dataclass
 class Stage:
-    pipeline: Pipeline
+    stages: SpeechStages
     events: Events
     runner: asyncio.Task[None]
     readers: dict[str, asyncio.Task[float]] = field(default_factory=dict)
@@ -90,7 +92,7 @@ class Stage:
 
     def say(self, request_id: str, text: str, **fields: Any) -> Job:
         request = SayRequest(id=request_id, text=text, voice=None, language="auto", site_id="t", **fields)
-        return self.pipeline.ledger.submit(request)
+        return self.stages.ledger.submit(request)
 
     def call(self, request_id: str, text: str, *, read: bool = True) -> tuple[Job, CallerStream]:
         """A caller's request (its own output); read at once unless ``read`` is False."""
@@ -121,13 +123,13 @@ async def stage(max_streams: int = 4, speaker: Any = None, gate: Any = None) -> 
     worker = EngineWorker(create_engine("tone", EngineOptions(model="tone", extra={"speed": "0"})))
     info = await worker.load()
     events = Events()
-    pipeline = build_pipeline(config, worker, info, speaker or Speaker(), events, gate=gate)
-    runner = asyncio.create_task(pipeline.run(), name="test.pipeline")
+    stages = build_stages(config, worker, info, speaker or Speaker(), events, gate=gate)
+    runner = asyncio.create_task(stages.run(), name="test.stages")
     try:
-        yield Stage(pipeline, events, runner)
+        yield Stage(stages, events, runner)
     finally:
-        pipeline.ledger.stop_all()
-        pipeline.ledger.close()
+        stages.ledger.stop_all()
+        stages.ledger.close()
         await asyncio.wait_for(runner, 10)
         await worker.close()
 
@@ -194,7 +196,7 @@ async def test_stopping_one_caller_leaves_the_other_whole() -> None:
         kept, kept_stream = s.call("kept", LONG, read=False)
         while gone.timeline.first_chunk is None or kept.timeline.first_chunk is None:  # noqa: ASYNC110 -- both running
             await asyncio.sleep(0.01)
-        assert s.pipeline.ledger.stop_id("gone")
+        assert s.stages.ledger.stop_id("gone")
         await s.done(gone)
         assert s.status("gone") is Status.INTERRUPTED
         assert not kept.done.is_set() and not kept.should_stop()
@@ -312,15 +314,15 @@ async def test_shutdown_waits_for_every_synthesis_begun() -> None:
         s.say("queued", "never spoken")
         while held.timeline.first_chunk is None or room.timeline.first_chunk is None:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
-        s.pipeline.ledger.close()  # the drain's first step
+        s.stages.ledger.close()  # the drain's first step
         assert s.status("queued") is Status.CANCELLED
         await asyncio.sleep(0.2)
-        assert not s.runner.done() and not s.pipeline.tts.utterances.closed  # "held" is still being made
+        assert not s.runner.done() and not s.stages.tts.utterances.closed  # "held" is still being made
         s.read(held, held_stream)
         await asyncio.wait_for(s.runner, 10)
         assert s.status("held") is Status.COMPLETED and s.status("room") is Status.COMPLETED
-        assert s.pipeline.tts.utterances.closed and held_stream.closed
-        assert s.pipeline.ledger.jobs == {}
+        assert s.stages.tts.utterances.closed and held_stream.closed
+        assert s.stages.ledger.jobs == {}
 
 
 async def test_each_synthesis_logs_and_counts_its_own_request() -> None:
@@ -355,13 +357,13 @@ async def test_only_a_speaker_heard_as_it_plays_is_paced_and_never_a_caller(sink
     # discard sink (or a file) nobody listens: a caller is never held behind its request.
     seen: dict[str, bool] = {}
     async with stage(speaker=sink()) as s:
-        plain = s.pipeline.tts.worker.stream
+        plain = s.stages.tts.worker.stream
 
         def stream(synth, should_stop):  # type: ignore[no-untyped-def]
             seen[synth.text] = synth.paced
             return plain(synth, should_stop)
 
-        s.pipeline.tts.worker.stream = stream  # type: ignore[method-assign]
+        s.stages.tts.worker.stream = stream  # type: ignore[method-assign]
         room = s.say("room", "room words")
         caller, _ = s.call("caller", "caller words")
         await s.done(room, caller)

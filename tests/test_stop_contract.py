@@ -21,8 +21,9 @@ from s2s_daemon.pipeline.jobs import (
     Ledger,
     OnSpeaker,
     PlaybackEnded,
+    SpeakerTurn,
 )
-from s2s_daemon.pipeline.messages import PlaybackReport, SayRequest, Status, Utterance
+from s2s_daemon.pipeline.messages import PlaybackReport, SayRequest, Status
 from s2s_daemon.pipeline.pacing import Pacer
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.tts.engine import EngineOptions
@@ -125,7 +126,7 @@ async def test_a_stop_while_the_speaker_prebuffers_is_cancelled_without_a_start(
     seen = Seen()
     requests = RequestQueue(8)
     ledger = Ledger(requests, seen, 64)
-    utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
+    utterances: Channel[SpeakerTurn] = Channel(1, Overflow.BLOCK, "utterances")
     pacer = Pacer(rate=0.5, max_wait_s=30)  # learned: this engine is slower than real time
     tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=1, pacer=pacer)
     playback = PlaybackStage(HeardSink(), utterances, ledger, pacer)

@@ -12,8 +12,8 @@ import pytest
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import DiscardSink
 from s2s_daemon.pipeline.channel import Channel, Overflow
-from s2s_daemon.pipeline.jobs import Job, Ledger
-from s2s_daemon.pipeline.messages import ErrorCode, SayRequest, Status, Utterance
+from s2s_daemon.pipeline.jobs import Job, Ledger, SpeakerTurn
+from s2s_daemon.pipeline.messages import ErrorCode, SayRequest, Status
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.segment import split_sentences
 from s2s_daemon.pipeline.textfeed import FeedEnd, TextFeed
@@ -140,7 +140,7 @@ class Rig:
         info = await self.worker.load()
         self.requests = RequestQueue(4)
         self.ledger = Ledger(self.requests, self.events, 16)
-        utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
+        utterances: Channel[SpeakerTurn] = Channel(1, Overflow.BLOCK, "utterances")
         self.tasks = [
             asyncio.create_task(TtsStage(self.worker, info, self.requests, utterances, self.ledger, 4).run()),
             asyncio.create_task(PlaybackStage(DiscardSink(), utterances, self.ledger).run()),

@@ -13,7 +13,8 @@ import pytest
 import s2s_daemon
 from s2s_daemon.config import load_config
 from s2s_daemon.errors import ConfigError
-from s2s_daemon.intake.schemas import IntakeRules, parse_say
+from s2s_daemon.intake.admission import IntakeRules
+from s2s_daemon.intake.schemas import parse_say
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, ChannelFull, Overflow
 from s2s_daemon.pipeline.jobs import (
@@ -28,8 +29,9 @@ from s2s_daemon.pipeline.jobs import (
 )
 from s2s_daemon.pipeline.messages import ErrorCode, SayRequest, Status
 from s2s_daemon.pipeline.queue import RequestQueue
+from s2s_daemon.pipeline.voice_policy import VoicePolicy
 
-RULES = IntakeRules("kitchen", 50, ("Ryan", "Vivian"), ("auto", "english", "chinese"), "Ryan", "auto")
+RULES = IntakeRules("kitchen", 50, VoicePolicy(("Ryan", "Vivian"), "Ryan"), ("auto", "english", "chinese"), "auto")
 
 
 def req(rid: str, priority: int = 0, **kw: object) -> SayRequest:

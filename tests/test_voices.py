@@ -18,7 +18,10 @@ import pytest
 
 from s2s_daemon.cli import main
 from s2s_daemon.errors import EXIT_USAGE
-from s2s_daemon.intake.schemas import IntakeRules, parse_say
+from s2s_daemon.intake.admission import IntakeRules
+from s2s_daemon.intake.schemas import parse_say
+from s2s_daemon.pipeline.vocabulary import UnknownVoiceError
+from s2s_daemon.pipeline.voice_policy import VoicePolicy
 from s2s_daemon.pipeline.voices import VoiceKind, VoiceLibrary, default_cache_dir, default_voices_dir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tiny"
@@ -42,7 +45,7 @@ def _voice(root: Path, name: str, ref_text: str | None = REF_TEXT, instruct: str
 
 
 def _rules(library: VoiceLibrary, voices: tuple[str, ...] = ()) -> IntakeRules:
-    return IntakeRules("kitchen", 2000, voices, ("auto", "english"), None, "auto", library=library)
+    return IntakeRules("kitchen", 2000, VoicePolicy(voices, None, library), ("auto", "english"), "auto")
 
 
 def _say(rules: IntakeRules, voice: str) -> tuple[str | None, str | None]:
@@ -97,6 +100,33 @@ def test_a_voice_of_the_wrong_kind_is_unknown_with_a_reason(tmp_path: Path) -> N
     presets = _rules(VoiceLibrary(tmp_path, "custom_voice"), ("Ryan",))
     assert _say(presets, "ryan") == ("Ryan", None)
     assert _say(presets, "alice") == (None, "unknown_voice")
+
+
+def test_the_voice_policy_answers_every_door_alike(tmp_path: Path) -> None:
+    """What a name means (pipeline/voice_policy.py), as the speech API, its voice lists, Wyoming's
+    info and the MQTT info event read it: one policy, every question."""
+    _voice(tmp_path, "alice")
+    _voice(tmp_path, "Ryan")  # shadowed by the preset speaker of that name
+    _voice(tmp_path, "narrator", instruct="A deep, calm voice.")  # a kind a Base model cannot speak
+    base = VoicePolicy((), "alice", VoiceLibrary(tmp_path, "base"))
+    assert base.resolve(None) == "alice" and base.resolve(" ALICE ") == "alice" and base.default_voice() == "alice"
+    assert base.library_voices() == {"alice": VoiceKind.CLONE, "Ryan": VoiceKind.CLONE}
+    assert base.from_openai("alloy") is None  # OpenAI's name: the default voice
+    assert base.from_openai("alice") == "alice"
+    assert base.is_ours("narrator") and not base.is_ours("nobody")
+    with pytest.raises(UnknownVoiceError, match="narrator"):
+        base.resolve("narrator")
+    presets = VoicePolicy(("Ryan", "Vivian"), "Vivian", VoiceLibrary(tmp_path, "custom_voice"))
+    assert presets.resolve(None) == "Vivian" and presets.resolve("ryan") == "Ryan"
+    assert presets.library_voices() == {} and presets.kinds() == {"Ryan": "preset", "Vivian": "preset"}
+    # A Base model with no voice to default to: a request must name one, and is told why.
+    bare = VoicePolicy((), None, VoiceLibrary(tmp_path / "empty", "base"), no_default="name a library voice")
+    assert bare.default_voice() is None
+    with pytest.raises(UnknownVoiceError, match="name a library voice"):
+        bare.resolve("  ")
+    # An OpenAI name that is one of ours is ours.
+    _voice(tmp_path, "nova")
+    assert base.from_openai("Nova") == "Nova" and base.resolve("Nova") == "nova"
 
 
 # -- the voices command -----------------------------------------------------------------
@@ -398,8 +428,8 @@ async def test_a_voice_renamed_while_it_speaks_finishes_its_later_sentences(tmp_
     from s2s_daemon.audio.playback import PlaybackStage
     from s2s_daemon.audio.sink import DiscardSink
     from s2s_daemon.pipeline.channel import Channel, Overflow
-    from s2s_daemon.pipeline.jobs import Ledger
-    from s2s_daemon.pipeline.messages import SayRequest, Status, Utterance
+    from s2s_daemon.pipeline.jobs import Ledger, SpeakerTurn
+    from s2s_daemon.pipeline.messages import SayRequest, Status
     from s2s_daemon.pipeline.queue import RequestQueue
     from s2s_daemon.pipeline.vocabulary import EngineInfo
     from s2s_daemon.tts.engine import EngineOptions
@@ -436,7 +466,7 @@ async def test_a_voice_renamed_while_it_speaks_finishes_its_later_sentences(tmp_
 
     requests = RequestQueue(4)
     ledger = Ledger(requests, Seen(), 16)
-    utterances: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances")
+    utterances: Channel[SpeakerTurn] = Channel(1, Overflow.BLOCK, "utterances")
     library = VoiceLibrary(root, info.mode)
     tts = TtsStage(worker, info, requests, utterances, ledger, chunk_frames=2, library=library)
     tasks = [

@@ -401,16 +401,15 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
     from s2s_daemon.config import HttpConfig
     from s2s_daemon.events.metrics import DaemonMetrics
     from s2s_daemon.events.readiness import Readiness
+    from s2s_daemon.intake.admission import IntakeRules
     from s2s_daemon.intake.http import web as web_module
     from s2s_daemon.intake.http.live import LiveFeed
     from s2s_daemon.intake.http.monitor import MonitorRoutes
     from s2s_daemon.intake.http.server import HttpSpeechServer
-    from s2s_daemon.intake.schemas import IntakeRules
-    from s2s_daemon.mqtt.packets import OutMessage
-    from s2s_daemon.mqtt.topics import Topics
     from s2s_daemon.pipeline.jobs import Job, Ledger
     from s2s_daemon.pipeline.queue import RequestQueue
     from s2s_daemon.pipeline.vocabulary import EngineInfo
+    from s2s_daemon.pipeline.voice_policy import VoicePolicy
     from s2s_daemon.pipeline.voices import VoiceLibrary
 
     class NoEvents:
@@ -418,18 +417,14 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
         def finished(self, job: Job) -> None: ...
         def state_changed(self) -> None: ...
 
-    topics = Topics("s2s", "kitchen")
-    feed = LiveFeed(topics)
+    feed = LiveFeed()
     loop = asyncio.get_running_loop()
-
-    def publish(topic: str, payload: dict[str, Any]) -> None:
-        feed.observe(OutMessage(topic, json.dumps(payload).encode(), 0))
 
     def machine_while_an_event_comes() -> dict[str, Any]:
         observed = threading.Event()
 
         def latency() -> None:
-            publish(topics.latency, {"id": "meanwhile"})
+            feed.add("latency", {"id": "meanwhile"})
             observed.set()
 
         loop.call_soon_threadsafe(latency)
@@ -438,7 +433,9 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
 
     monkeypatch.setattr(web_module, "machine", machine_while_an_event_comes)
     info = EngineInfo("tone", "m", "cpu", 24000, voices=("Ryan",))
-    rules = IntakeRules("kitchen", 100, info.voices, info.languages, None, "auto", VoiceLibrary(tmp_path, info.mode))
+    rules = IntakeRules(
+        "kitchen", 100, VoicePolicy(info.voices, None, VoiceLibrary(tmp_path, info.mode)), info.languages, "auto"
+    )
     server = HttpSpeechServer(HttpConfig(), MonitorRoutes(Readiness(), DaemonMetrics()))
     server.attach(Ledger(RequestQueue(4), NoEvents(), 16), rules, info, feed)
     async with TestClient(TestServer(server.app())) as client:
@@ -446,7 +443,7 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
         reader = aiter(events(response))
         kind, snapshot = await anext(reader)
         assert kind == "snapshot" and snapshot["machine"] == {"cpu": "test"}
-        publish(topics.state, {"state": "idle", "queue": 0, "currentId": None})
+        feed.add("state", {"state": "idle", "queue": 0, "currentId": None})
         after = [await anext(reader) for _ in range(2)]  # the state, then its jobs
         response.close()
     in_history = [e["id"] for e in snapshot["history"]["latency"]]

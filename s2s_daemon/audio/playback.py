@@ -20,6 +20,7 @@ from s2s_daemon.pipeline.jobs import (
     PlaybackEnded,
     Prebuffered,
     Released,
+    SpeakerTurn,
 )
 from s2s_daemon.pipeline.messages import ErrorCode, PlaybackReport, Status, Utterance
 from s2s_daemon.pipeline.pacing import REAL_TIME, Pacer
@@ -34,7 +35,7 @@ class PlaybackStage:
     def __init__(
         self,
         sink: AudioSink,
-        utterances: Channel[Utterance],
+        utterances: Channel[SpeakerTurn],
         ledger: Ledger,
         pacer: Pacer | None = None,
     ) -> None:
@@ -49,28 +50,26 @@ class PlaybackStage:
         """Until ``utterances`` is closed and every utterance has played."""
         # The speaker plays one utterance after another; one more waits in ``speaker`` and one in
         # the taker's hand, so that the next ones are synthesized while one plays.
-        speaker: Channel[Utterance] = Channel(1, Overflow.BLOCK, "utterances.speaker")
+        speaker: Channel[SpeakerTurn] = Channel(1, Overflow.BLOCK, "utterances.speaker")
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._speak(speaker), name="s2s.playback.speaker")
             try:
-                async for utterance in self.utterances:
-                    await speaker.put(utterance)
+                async for turn in self.utterances:
+                    await speaker.put(turn)
             finally:
                 speaker.close()
 
-    async def _speak(self, speaker: Channel[Utterance]) -> None:
-        async for utterance in speaker:
-            with structlog.contextvars.bound_contextvars(request_id=utterance.request.id):
-                await self._play(utterance)
+    async def _speak(self, speaker: Channel[SpeakerTurn]) -> None:
+        async for turn in speaker:
+            with structlog.contextvars.bound_contextvars(request_id=turn.job.request.id):
+                await self._play(turn.job, turn.utterance)
 
-    async def _play(self, utterance: Utterance) -> None:
+    async def _play(self, job: Job, utterance: Utterance) -> None:
         ledger = self.ledger
-        job = ledger.jobs.get(utterance.request.id)
-        if job is None or job.should_stop():
+        if job.should_stop():  # stopped, or ended, while it waited its turn
             utterance.chunks.clear()
             utterance.chunks.close()
-            if job is not None:
-                ledger.record(job, Released(time.monotonic()))
+            ledger.record(job, Released(time.monotonic()))  # a job that ended already ignores it
             return
         ledger.record(job, OnSpeaker(time.monotonic()))
         waited = await self._prebuffer(job, utterance)
@@ -120,7 +119,7 @@ class PlaybackStage:
         (``AudioSink.realtime``) waits: a file or the discard sink gains nothing from it."""
         tl, chunks = job.timeline, utterance.chunks
         rate = self.pacer.rate
-        if not self.pacer.enabled or not getattr(self.sink, "realtime", False):
+        if not self.pacer.enabled or not self.sink.realtime:
             return 0.0
         if rate is not None and rate >= REAL_TIME:
             return 0.0

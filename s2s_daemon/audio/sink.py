@@ -10,11 +10,11 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from s2s_daemon.pipeline.messages import FirstSample, PlaybackReport, Utterance
+from s2s_daemon.pipeline.messages import OnFirstSample, PlaybackReport, Utterance
 from s2s_daemon.pipeline.output import apply_volume
 from s2s_daemon.pipeline.vocabulary import Samples
 
-__all__ = ["AudioDeviceError", "AudioSink", "DiscardSink", "FirstSample", "WavSink", "write_wav"]
+__all__ = ["AudioDeviceError", "AudioSink", "DiscardSink", "OnFirstSample", "WavSink", "write_wav"]
 
 
 class AudioDeviceError(Exception):
@@ -38,7 +38,7 @@ class AudioSink(Protocol):
 
     async def open(self) -> None: ...
 
-    async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport: ...
+    async def play(self, utterance: Utterance, on_first_sample: OnFirstSample) -> PlaybackReport: ...
 
     async def close(self) -> None: ...
 
@@ -52,7 +52,7 @@ class DiscardSink:
     async def open(self) -> None:
         return None
 
-    async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport:
+    async def play(self, utterance: Utterance, on_first_sample: OnFirstSample) -> PlaybackReport:
         first: float | None = None
         samples = 0
         async for chunk in utterance.chunks:
@@ -94,7 +94,7 @@ class WavSink:
         except OSError as exc:
             raise AudioDeviceError(f"cannot create audio.wav_dir {self.folder}: {exc}") from exc
 
-    async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport:
+    async def play(self, utterance: Utterance, on_first_sample: OnFirstSample) -> PlaybackReport:
         """Collect the utterance, then write it; a stopped one (cancelled) writes what came first,
         when something did (``say --out`` stopped with Ctrl-C keeps what was made)."""
         parts: list[Samples] = []

@@ -33,7 +33,7 @@ import numpy.typing as npt
 import structlog
 
 from s2s_daemon.audio.devices import DeviceInfo, portaudio, resolve_device
-from s2s_daemon.audio.sink import AudioDeviceError, FirstSample
+from s2s_daemon.audio.sink import AudioDeviceError, OnFirstSample
 from s2s_daemon.config import AudioConfig
 from s2s_daemon.pipeline.channel import ChannelClosed
 from s2s_daemon.pipeline.messages import PlaybackReport, Utterance
@@ -340,7 +340,7 @@ class SpeakerSink:
                 return
             await asyncio.sleep(self.period_s / 4)
 
-    async def play(self, utterance: Utterance, on_first_sample: FirstSample) -> PlaybackReport:
+    async def play(self, utterance: Utterance, on_first_sample: OnFirstSample) -> PlaybackReport:
         await self._ensure_open()
         run = _Playing(self, utterance, on_first_sample)
         underruns_before = self._underruns
@@ -412,7 +412,7 @@ class _Playing:
     """One utterance on its way into the speaker's ring: armed on creation, fed from the chunk
     channel, then waited for until the callback has played its last sample."""
 
-    def __init__(self, sink: SpeakerSink, utterance: Utterance, on_first_sample: FirstSample) -> None:
+    def __init__(self, sink: SpeakerSink, utterance: Utterance, on_first_sample: OnFirstSample) -> None:
         import soxr
 
         self.sink = sink

@@ -57,7 +57,8 @@ class DaemonMetrics:
     content_type = CONTENT_TYPE_LATEST
     """The text exposition format's media type, as prometheus_client writes it."""
 
-    def __init__(self) -> None:
+    def __init__(self, queue_depth: Callable[[], int] = lambda: 0, ready: Callable[[], bool] = lambda: False) -> None:
+        """``queue_depth`` and ``ready`` are read when scraped."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -94,6 +95,8 @@ class DaemonMetrics:
         )
         self.queue_depth = Gauge("s2s_queue_depth", "Requests waiting in the queue", registry=r)
         self.ready = Gauge("s2s_ready", "1 when the daemon is ready (GET /ready answers 200), else 0", registry=r)
+        self.queue_depth.set_function(lambda: float(queue_depth()))
+        self.ready.set_function(lambda: 1.0 if ready() else 0.0)
         self.resident_memory = Gauge("s2s_resident_memory_bytes", "Resident set size of the process", registry=r)
         self.resident_memory_peak = Gauge(
             "s2s_resident_memory_peak_bytes", "Highest resident set size of the process since start", registry=r
@@ -126,11 +129,6 @@ class DaemonMetrics:
     def engine_loaded(self, info: EngineInfo, busy_s: Callable[[], float]) -> None:
         self.build.info({"version": __version__, "engine": info.engine, "model": info.model, "device": info.device})
         self.registry.register(_EngineBusy(busy_s))
-
-    def watch(self, queue_depth: Callable[[], int], ready: Callable[[], bool]) -> None:
-        """Gauges read when scraped."""
-        self.queue_depth.set_function(lambda: float(queue_depth()))
-        self.ready.set_function(lambda: 1.0 if ready() else 0.0)
 
     def finished(self, job: Job, info: EngineInfo) -> None:
         """A request's terminal event: its figures as the latency event has them."""

@@ -105,10 +105,17 @@ def latency_payload(job: Job, info: EngineInfo) -> dict[str, object]:
     }
 
 
+LiveListener = Callable[[str, dict[str, object]], None]
+"""Hears each event ``MqttEvents`` publishes (the web page's live view: ``LiveFeed.add``): its kind
+(``state``, ``started``, ``finished``, ``latency``, ``memory``, ``info``) and its payload, the object
+the MQTT message encodes, as it is built (never decoded back from the message)."""
+
+
 class MqttEvents:
     """The daemon's ``JobEvents``: turns a job's events into messages, never blocks. A terminal
     event's messages go to the ``outbox`` (journaled, published once committed); without one,
-    and every other event, they are published at once."""
+    and every other event, they are published at once. ``live`` hears each event's payload as it
+    is published (a terminal event's when the job ends)."""
 
     def __init__(
         self,
@@ -120,8 +127,10 @@ class MqttEvents:
         on_utterance_end: Callable[[], None],
         voice_kinds: Callable[[], dict[str, str]] | None = None,
         outbox: Outbox[OutMessage] | None = None,
+        live: LiveListener | None = None,
     ) -> None:
         self._publish = publish
+        self._live = live
         self.topics = topics
         self.info = info
         self.qos = qos
@@ -144,24 +153,30 @@ class MqttEvents:
     def _send(self, topic: str, payload: dict[str, object], qos: int | None = None) -> None:
         self._publish(self._message(topic, payload, qos))
 
+    def _tell(self, kind: str, payload: dict[str, object]) -> None:
+        if self._live is not None:
+            self._live(kind, payload)
+
     # -- JobEvents ---------------------------------------------------------------------
 
     def started(self, job: Job) -> None:
         req = job.request
-        self._send(
-            self.topics.started,
-            {
-                "id": req.id,
-                "siteId": req.site_id,
-                "sessionId": req.session_id,
-                "origin": req.origin,
-                "ts": now_ms(),
-                "queuedMs": _ms(job.timeline.dequeued, job.timeline.received),
-            },
-        )
+        payload: dict[str, object] = {
+            "id": req.id,
+            "siteId": req.site_id,
+            "sessionId": req.session_id,
+            "origin": req.origin,
+            "ts": now_ms(),
+            "queuedMs": _ms(job.timeline.dequeued, job.timeline.received),
+        }
+        self._send(self.topics.started, payload)
+        self._tell("started", payload)
 
     def finished(self, job: Job) -> None:
-        messages = self.finished_messages(job)
+        messages, payload, latency = self._finished(job)
+        self._tell("finished", payload)
+        if latency is not None:
+            self._tell("latency", latency)
         if self.outbox is not None:
             self.outbox.answer(job, messages)
         else:
@@ -173,6 +188,10 @@ class MqttEvents:
 
     def finished_messages(self, job: Job) -> list[OutMessage]:
         """The terminal event's messages: ``tts/finished``, the v5 reply, Hermes', the latency."""
+        return self._finished(job)[0]
+
+    def _finished(self, job: Job) -> tuple[list[OutMessage], dict[str, object], dict[str, object] | None]:
+        """The terminal event's messages, and the payloads of its ``tts/finished`` and latency event."""
         payload = finished_payload(job)
         log.info("request_finished", request_id=job.request.id, status=payload["status"], error=payload.get("error"))
         messages = [self._message(self.topics.finished, payload)]
@@ -181,9 +200,11 @@ class MqttEvents:
             messages.append(OutMessage(reply.topic, dumps(payload), self.qos, False, reply.correlation_data or b""))
         if job.request.origin == "hermes":
             messages.extend(self._hermes_finished(job))
+        latency = None
         if job.timeline.first_sample_out is not None:  # latency of what was heard; none for a silent end
-            messages.append(self._message(self.topics.latency, latency_payload(job, self.info), qos=0))
-        return messages
+            latency = latency_payload(job, self.info)
+            messages.append(self._message(self.topics.latency, latency, qos=0))
+        return messages, payload, latency
 
     def _refresh_info(self, job: Job) -> None:
         """Re-publish ``info`` when a request named a library voice, or an unknown one, and the library
@@ -198,7 +219,7 @@ class MqttEvents:
             return
         self._kinds_checked = now
         if self._voice_kinds() != self._published_kinds:
-            self._publish(self.info_message())
+            self._publish_info()
 
     def state_changed(self) -> None:
         """The ledger moved a job: a change of state or current id is published now (a state that
@@ -208,7 +229,7 @@ class MqttEvents:
             snapshot = self._state()
             last = self._last_state
             if not _transient(snapshot) and (last is None or snapshot[:2] != last[:2]):
-                self._publish(self.state_message(snapshot))
+                self._publish_state(snapshot)
         self._state_dirty.set()
 
     # -- Hermes ------------------------------------------------------------------------
@@ -241,15 +262,33 @@ class MqttEvents:
 
     def memory(self, payload: dict[str, object]) -> None:
         self._send(self.topics.memory, payload, qos=0)
+        self._tell("memory", payload)
 
     def state_message(self, snapshot: Snapshot) -> OutMessage:
         """The retained state topic for (state, current id, queue length), published by the caller."""
+        return self._state_message(snapshot)[0]
+
+    def _state_message(self, snapshot: Snapshot) -> tuple[OutMessage, dict[str, object]]:
         self._last_state = snapshot
         state, current, queued = snapshot
-        payload = {"state": state, "queue": queued, "currentId": current, "ts": now_ms()}
-        return OutMessage(self.topics.state, dumps(payload), 1, True)
+        payload: dict[str, object] = {"state": state, "queue": queued, "currentId": current, "ts": now_ms()}
+        return OutMessage(self.topics.state, dumps(payload), 1, True), payload
+
+    def _publish_state(self, snapshot: Snapshot) -> None:
+        message, payload = self._state_message(snapshot)
+        self._publish(message)
+        self._tell("state", payload)
 
     def info_message(self) -> OutMessage:
+        """The retained info topic (the engine, its voices and languages), published by the caller."""
+        return self._info_message()[0]
+
+    def _publish_info(self) -> None:
+        message, payload = self._info_message()
+        self._publish(message)
+        self._tell("info", payload)
+
+    def _info_message(self) -> tuple[OutMessage, dict[str, object]]:
         info = self.info
         kinds = self._voice_kinds() if self._voice_kinds is not None else dict.fromkeys(info.voices, "preset")
         self._published_kinds = kinds
@@ -270,7 +309,7 @@ class MqttEvents:
                 payload["formatReason"] = info.format_reason
         if info.isa:  # the native CPU kernels' instruction-set path, and why
             payload["isa"] = info.isa
-        return OutMessage(self.topics.info, dumps(payload), 1, True)
+        return OutMessage(self.topics.info, dumps(payload), 1, True), payload
 
     def status_message(self, online: bool) -> OutMessage:
         return OutMessage(self.topics.status, b"online" if online else b"offline", 1, True)
@@ -286,5 +325,5 @@ class MqttEvents:
             self._state_dirty.clear()
             snapshot = state()
             if snapshot != self._last_state and not _transient(snapshot):
-                self._publish(self.state_message(snapshot))
+                self._publish_state(snapshot)
             await asyncio.sleep(STATE_MIN_INTERVAL_S)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-class Phase(enum.StrEnum):
+class LifecyclePhase(enum.StrEnum):
     """Where the daemon is in its lifecycle (app.py), in order."""
 
     STARTING = "starting"
@@ -28,7 +28,7 @@ class Phase(enum.StrEnum):
     """Taking no more requests: finishing what it has, then stopping."""
 
 
-_ORDER = list(Phase)
+_ORDER = list(LifecyclePhase)
 _WAITING = {
     "model_loaded": "the model is loading",
     "warmed_up": "the model is warming up",
@@ -40,21 +40,21 @@ _WAITING = {
 class Readiness:
     """The phase, set by the daemon as it moves on; read by the probes (and ``s2s_ready``)."""
 
-    def __init__(self) -> None:
-        self.phase = Phase.STARTING
-        self.broker_connected: Callable[[], bool] = lambda: False
-        """Whether the MQTT link is connected now (set once the link exists)."""
+    def __init__(self, broker_connected: Callable[[], bool] = lambda: False) -> None:
+        self.phase = LifecyclePhase.STARTING
+        self.broker_connected = broker_connected
+        """Whether the MQTT link is connected now (False while there is none)."""
 
-    def enter(self, phase: Phase) -> None:
+    def enter(self, phase: LifecyclePhase) -> None:
         self.phase = phase
 
     def checks(self) -> dict[str, bool]:
         """Each condition of readiness, True when it holds."""
         at = _ORDER.index(self.phase)
         return {
-            "model_loaded": at > _ORDER.index(Phase.LOADING),
-            "warmed_up": at > _ORDER.index(Phase.WARMING),
-            "accepting": self.phase is Phase.SERVING,
+            "model_loaded": at > _ORDER.index(LifecyclePhase.LOADING),
+            "warmed_up": at > _ORDER.index(LifecyclePhase.WARMING),
+            "accepting": self.phase is LifecyclePhase.SERVING,
             "broker_connected": self.broker_connected(),
         }
 
@@ -72,7 +72,7 @@ class Readiness:
         body: dict[str, Any] = {"ready": not missing, "phase": str(self.phase), "checks": checks}
         if missing:
             body["not_ready"] = missing
-            if self.phase is Phase.DRAINING:
+            if self.phase is LifecyclePhase.DRAINING:
                 body["reason"] = "the daemon is draining: it takes no more requests and stops"
             else:
                 body["reason"] = "; ".join(_WAITING[name] for name in missing)

@@ -13,8 +13,9 @@ from collections.abc import Callable
 
 import structlog
 
+from s2s_daemon.intake.admission import IntakeRules
 from s2s_daemon.intake.pool import POOL_ORIGIN, PoolHandBack
-from s2s_daemon.intake.schemas import IntakeRules, StopPayload, decode_json_object, parse_say
+from s2s_daemon.intake.schemas import StopPayload, decode_json_object, parse_say
 from s2s_daemon.intake.streams import StreamIntake
 from s2s_daemon.mqtt.packets import InMessage
 from s2s_daemon.mqtt.topics import HERMES_SAY, Topics

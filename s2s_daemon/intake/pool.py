@@ -30,7 +30,8 @@ from typing import Any
 
 import structlog
 
-from s2s_daemon.intake.schemas import IntakeRules, decode_json_object, parse_say
+from s2s_daemon.intake.admission import IntakeRules
+from s2s_daemon.intake.schemas import decode_json_object, parse_say
 from s2s_daemon.mqtt.packets import InMessage, OutMessage
 from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.jobs import Ledger

@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from s2s_daemon.intake.schemas import IntakeRules, new_request_id, parse_stream_piece
+from s2s_daemon.intake.admission import IntakeRules, new_request_id
+from s2s_daemon.intake.schemas import parse_stream_piece
 from s2s_daemon.mqtt.packets import InMessage
 from s2s_daemon.pipeline.jobs import Job, Ledger, Phase
 from s2s_daemon.pipeline.messages import ErrorCode, SayRequest

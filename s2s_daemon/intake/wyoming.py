@@ -49,7 +49,8 @@ with warnings.catch_warnings():
 from s2s_daemon import __version__
 from s2s_daemon.config import WyomingConfig
 from s2s_daemon.errors import UnavailableError
-from s2s_daemon.intake.schemas import MAX_NAME_CHARS, IntakeRules, Parsed, parse_say, resolve_voice
+from s2s_daemon.intake.admission import IntakeRules, Parsed, SayAsk, admit
+from s2s_daemon.intake.schemas import MAX_NAME_CHARS
 from s2s_daemon.pipeline.channel import Channel, ChannelClosed, Overflow
 from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.messages import ErrorCode, Status
@@ -81,6 +82,8 @@ NO_PRESET_VOICE = "default"
 """The one voice advertised for a model without preset speakers (VoiceDesign, Base)."""
 WRITE_TIMEOUT_S = 10.0
 """A client that takes longer than this to accept one event is treated as gone."""
+CLOSE_TIMEOUT_S = 5.0
+"""At shutdown, the longest ``close`` waits for the connections and the advertisement to end."""
 CLOSE_GRACE_S = 2.0
 """At shutdown, how long connections may take to write what they hold before they are cut."""
 ZEROCONF_TIMEOUT_S = 5.0
@@ -258,7 +261,7 @@ class WyomingConnection:
         self.writer = writer
         self.peer = peer
         self._pending: Channel[Text | Reply] = Channel(PENDING_ITEMS, Overflow.BLOCK, "wyoming.pending")
-        self._outbox: Channel[Speech | Reply] = Channel(SPEECH_AHEAD, Overflow.BLOCK, "wyoming.outbox")
+        self._writing: Channel[Speech | Reply] = Channel(SPEECH_AHEAD, Overflow.BLOCK, "wyoming.writing")
         self._slots = asyncio.Semaphore(SPEECH_AHEAD)
         self._speeches: list[Speech] = []
         """Submitted and not yet written (abandoned if the client goes away)."""
@@ -305,7 +308,7 @@ class WyomingConnection:
             speech.stream.abandon()
             self.server.ledger.cancel(speech.job, Status.INTERRUPTED)
         self._speeches.clear()
-        for channel in (self._pending, self._outbox):
+        for channel in (self._pending, self._writing):
             channel.clear()
             channel.close()
         current = asyncio.current_task()
@@ -363,7 +366,7 @@ class WyomingConnection:
 
     def _busy(self) -> bool:
         """A request of this client is waiting, being synthesized or being written, or a reply is."""
-        return bool(self._speeches) or len(self._pending) > 0 or len(self._outbox) > 0
+        return bool(self._speeches) or len(self._pending) > 0 or len(self._writing) > 0
 
     async def _handle(self, event: Event) -> None:
         kind = event.type
@@ -377,7 +380,7 @@ class WyomingConnection:
             if self._streamed:
                 log.debug("wyoming_synthesize_ignored", peer=self.peer, reason="streamed")
                 return
-            text = self._text_field(event).strip()  # as parse_say reads it
+            text = self._text_field(event).strip()  # as admission.spoken_text reads it
             voice, language = self._voice(event.data.get("voice"))
             if len(text) > self.server.rules.max_text_chars:
                 self._reject_now(Text(text, voice, language, uuid.uuid4().hex, now))
@@ -447,9 +450,9 @@ class WyomingConnection:
             )
         rules = self.server.rules
         try:
-            if not rules.voices and name is not None and name.strip().lower() == NO_PRESET_VOICE:
+            if not rules.voices.presets and name is not None and name.strip().lower() == NO_PRESET_VOICE:
                 name = None
-            canonical = resolve_voice(name, rules) if name is not None else None
+            canonical = rules.voices.resolve(name) if name is not None else None
             return canonical, self._language(language) if language is not None else None
         except EngineError as exc:
             raise Refused(ErrorCode.parse(exc.code, ErrorCode.BAD_PAYLOAD), str(exc)) from exc
@@ -471,25 +474,20 @@ class WyomingConnection:
         try:
             async for item in self._pending:
                 if isinstance(item, Reply):
-                    await self._outbox.put(item)
+                    await self._writing.put(item)
                     continue
                 await self._slots.acquire()
                 speech = self._submit(item)
                 self._speeches.append(speech)
-                await self._outbox.put(speech)
+                await self._writing.put(speech)
         except ChannelClosed:
             return
         finally:
-            self._outbox.close()
+            self._writing.close()
 
     def _parse(self, text: Text) -> Parsed:
-        fields: dict[str, str] = {"text": text.text, "sessionId": text.session_id}
-        if text.voice is not None:
-            fields["voice"] = text.voice
-        if text.language is not None:
-            fields["language"] = text.language
-        rules = self.server.rules
-        return parse_say(json.dumps(fields).encode(), rules, origin="wyoming", received_at=text.received_at)
+        ask = SayAsk(text.text, voice=text.voice, language=text.language, session_id=text.session_id)
+        return admit(ask, self.server.rules, origin="wyoming", received_at=text.received_at)
 
     def _submit(self, text: Text) -> Speech:
         server = self.server
@@ -506,7 +504,7 @@ class WyomingConnection:
 
     async def _write_loop(self) -> None:
         try:
-            async for item in self._outbox:
+            async for item in self._writing:
                 if isinstance(item, Reply):
                     await self._send(item.event)
                     if item.hang_up:
@@ -559,7 +557,11 @@ class WyomingConnection:
 
 
 class WyomingServer:
-    """The listener, its connections and its zeroconf advertisement. The constructor does no I/O."""
+    """The listener, its connections and its zeroconf advertisement: an ``Intake`` (``door.py``).
+    The constructor does no I/O."""
+
+    name = "wyoming"
+    origins = frozenset({"wyoming"})
 
     def __init__(
         self, config: WyomingConfig, ledger: Ledger, rules: IntakeRules, info: EngineInfo, site_id: str
@@ -577,6 +579,8 @@ class WyomingServer:
         self._connections: dict[asyncio.Task[None], WyomingConnection] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._closing = asyncio.Event()
+        self._stopped = asyncio.Event()
+        """``run`` has returned."""
         self._zeroconf: Any = None
         self._refused = 0
         """Connections refused at ``max_connections`` since the last log line about them."""
@@ -584,9 +588,7 @@ class WyomingServer:
 
     def info_now(self) -> Event:
         """The ``info`` answer with the voice library as it is now (scanned on each ``describe``)."""
-        library = self.rules.library
-        presets = {v.lower() for v in self.engine_info.voices}
-        named = tuple(n for n in library.names() if n.lower() not in presets) if library is not None else ()
+        named = tuple(self.rules.voices.library_voices())
         return describe(self.engine_info, self.site_id, named).event() if named else self.info_event
 
     async def start(self) -> None:
@@ -630,6 +632,11 @@ class WyomingServer:
             self._tg = None
             self.stop_accepting()
             await self._unadvertise()
+            self._stopped.set()
+
+    def drain(self) -> None:
+        """The daemon drains: no new connections (those open get ``shutting_down`` for new requests)."""
+        self.stop_accepting()
 
     def stop_accepting(self) -> None:
         """Drain begins: no new connections (those open get ``shutting_down`` for new requests)."""
@@ -637,9 +644,14 @@ class WyomingServer:
             self._server.close()
             log.info("wyoming_stopped_accepting")
 
-    def close(self) -> None:
-        """Every synthesis has ended: let ``run()`` finish the connections and return."""
+    async def close(self) -> None:
+        """Every synthesis has ended: let ``run()`` finish the connections, and wait until it returned
+        (at most ``CLOSE_TIMEOUT_S``: the daemon then cancels it)."""
         self._closing.set()
+        if self._server is not None:  # started: its run ends
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await self._stopped.wait()
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")

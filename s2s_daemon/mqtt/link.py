@@ -1,9 +1,9 @@
-"""The broker link: subscribe, receive through a bounded inbox, publish through a bounded outbox, reconnect.
+"""The broker link: subscribe, receive through a bounded inbox, publish through a bounded send queue, reconnect.
 
 Persistent session (a stable client id, ``clean_start=False`` and a session expiry on
 MQTT v5, ``clean_session=False`` on 3.1.1) so QoS 1 requests published while we are
-away are delivered when we come back. Events wait in the outbox while disconnected and
-a publish is only taken off the outbox once the broker acknowledged it (at least once).
+away are delivered when we come back. Events wait in the send queue while disconnected and
+a publish is only taken off the send queue once the broker acknowledged it (at least once).
 
 A received QoS 1 message is acknowledged (PUBACK) only once it was handled: when
 ``on_message`` returned (``auto_ack``), or when its owner calls ``InMessage.ack()``. What
@@ -43,7 +43,7 @@ from s2s_daemon.pipeline.messages import ReplyTo
 
 log = structlog.get_logger(__name__)
 
-OUTBOX_SIZE = 10_000
+SEND_QUEUE_SIZE = 10_000
 """Events held while disconnected; past that the oldest are dropped and counted."""
 PUBLISH_WINDOW = 64
 """Publishes awaiting the broker's acknowledgement at once (QoS 1 pipelining)."""
@@ -52,7 +52,7 @@ ACK_TIMEOUT_S = 10.0
 INBOX_SIZE = 1000
 """Messages read off the socket but not handled yet; past that the socket is not read."""
 DISCONNECT_TIMEOUT_S = 2.0
-"""How long a clean DISCONNECT may take once the outbox is flushed."""
+"""How long a clean DISCONNECT may take once the send queue is flushed."""
 
 
 def _reply_to(message: paho.MQTTMessage) -> ReplyTo | None:
@@ -71,7 +71,7 @@ class _Publishes:
 
     def __init__(self) -> None:
         self.inflight: collections.OrderedDict[int, OutMessage | None] = collections.OrderedDict()
-        """None: not the outbox's (an on-connect message), never put back."""
+        """None: not the send queue's (an on-connect message), never put back."""
         self._space = asyncio.Event()
 
     def acknowledged(self, mid: int) -> None:
@@ -105,7 +105,7 @@ class _Publishes:
                     raise MqttError(f"the broker acknowledged nothing for {ACK_TIMEOUT_S:.0f} s") from None
 
     def drain(self) -> list[OutMessage]:
-        """The unacknowledged outbox messages, oldest first; forgets them all."""
+        """The unacknowledged queued messages, oldest first; forgets them all."""
         messages = [message for message in self.inflight.values() if message is not None]
         self.inflight.clear()
         return messages
@@ -177,7 +177,7 @@ class MqttLink:
         """``leave_pool()`` was called: the pool subscription is not made again, and is undone on connect."""
         """True: a message is acknowledged once ``on_message`` returned (or raised); False: its
         owner calls ``InMessage.ack()`` (e.g. once the request is durably stored)."""
-        self.outbox: Channel[OutMessage] = Channel(OUTBOX_SIZE, Overflow.DROP_OLDEST, "outbox")
+        self.sending: Channel[OutMessage] = Channel(SEND_QUEUE_SIZE, Overflow.DROP_OLDEST, "mqtt.sending")
         self.inbox: collections.deque[InMessage] = collections.deque()
         """Received, not handled yet. Bounded by back-pressure: at ``inbox_size`` the socket
         is no longer read until the inbox has drained to half (see ``_received``)."""
@@ -201,11 +201,11 @@ class MqttLink:
     # -- publishing --------------------------------------------------------------------
 
     def publish(self, message: OutMessage) -> None:
-        """Queue an event; never blocks. Dropped (counted) only past OUTBOX_SIZE."""
-        before = self.outbox.dropped
-        self.outbox.put_nowait(message)
-        if self.outbox.dropped != before:
-            log.warning("outbox_overflow", dropped=self.outbox.dropped)
+        """Queue an event; never blocks. Dropped (counted) only past SEND_QUEUE_SIZE."""
+        before = self.sending.dropped
+        self.sending.put_nowait(message)
+        if self.sending.dropped != before:
+            log.warning("send_queue_overflow", dropped=self.sending.dropped)
 
     # -- connection --------------------------------------------------------------------
 
@@ -460,24 +460,24 @@ class MqttLink:
             else:
                 self._draining = False
 
-    # -- the outbox --------------------------------------------------------------------
+    # -- the send queue -----------------------------------------------------------------
 
     async def _next(self) -> OutMessage | None:
-        """The next outbox message, or None once closing was requested.
+        """The next queued message, or None once closing was requested.
 
-        Nothing is taken from the outbox until it is returned: a cancellation while
+        Nothing is taken from the send queue until it is returned: a cancellation while
         waiting (a disconnect) cannot lose a message.
         """
-        if len(self.outbox):
-            return self.outbox.get_nowait()
-        ready = asyncio.ensure_future(self.outbox.wait_readable())
+        if len(self.sending):
+            return self.sending.get_nowait()
+        ready = asyncio.ensure_future(self.sending.wait_readable())
         closing = asyncio.ensure_future(self._closing.wait())
         try:
             await asyncio.wait({ready, closing}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             ready.cancel()
             closing.cancel()
-        return self.outbox.get_nowait() if len(self.outbox) else None
+        return self.sending.get_nowait() if len(self.sending) else None
 
     def _send(
         self, connection: PahoConnection, publishes: _Publishes, message: OutMessage, requeue: bool = True
@@ -500,15 +500,15 @@ class MqttLink:
             message.on_sent()  # QoS 0: paho has it, no acknowledgement comes
 
     async def _pump(self, connection: PahoConnection, publishes: _Publishes) -> None:
-        """Publish the outbox, up to PUBLISH_WINDOW unacknowledged at once, in order.
+        """Publish the send queue, up to PUBLISH_WINDOW unacknowledged at once, in order.
 
-        A message leaves the outbox for good only when the broker acknowledged it (QoS 1)
+        A message leaves the send queue for good only when the broker acknowledged it (QoS 1)
         or paho took it (QoS 0); on a failure or a disconnect every unacknowledged one goes
-        back to the head of the outbox, in order.
+        back to the head of the send queue, in order.
         """
         try:
             while True:
-                if self._closing.is_set() and len(self.outbox) == 0:
+                if self._closing.is_set() and len(self.sending) == 0:
                     break
                 message = await self._next()
                 if message is None:
@@ -518,12 +518,12 @@ class MqttLink:
                         await publishes.wait_below(PUBLISH_WINDOW, connection)
                     self._send(connection, publishes, message)
                 except BaseException:
-                    self.outbox.put_front_nowait(message)
+                    self.sending.put_front_nowait(message)
                     raise
             await publishes.wait_below(1, connection)
         finally:
             for message in reversed(publishes.drain()):
-                self.outbox.put_front_nowait(message)
+                self.sending.put_front_nowait(message)
 
     def _properties(self, message: OutMessage) -> Properties | None:
         if self.protocol is not MqttProtocol.V5 or (
@@ -538,7 +538,7 @@ class MqttLink:
         return props
 
     async def close(self, last: list[OutMessage], timeout_s: float = 5.0) -> None:
-        """Flush the outbox, publish ``last`` (e.g. retained offline), then disconnect."""
+        """Flush the send queue, publish ``last`` (e.g. retained offline), then disconnect."""
         for message in last:
             self.publish(message)
         self._closing.set()
@@ -546,4 +546,4 @@ class MqttLink:
             async with asyncio.timeout(timeout_s):
                 await self._closed.wait()
         except TimeoutError:
-            log.warning("mqtt_flush_timeout", pending=len(self.outbox))
+            log.warning("mqtt_flush_timeout", pending=len(self.sending))

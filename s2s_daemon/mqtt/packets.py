@@ -23,7 +23,7 @@ class OutMessage:
     """MQTT v5 Response Topic (a pool request handed back keeps its requester's)."""
     on_sent: Callable[[], None] | None = field(default=None, compare=False, repr=False)
     """Called once the broker acknowledged it (QoS 1/2), paho took it (QoS 0) or paho refused it
-    for good; not when the outbox dropped it (overflow) or the link closed with it unsent."""
+    for good; not when the link's send queue dropped it (overflow) or the link closed with it unsent."""
     on_refused: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
     """Called with the reason instead of ``on_sent`` when the broker acknowledged it with a failure
     (MQTT v5: not authorized) or with "no matching subscribers" (nobody got it); None: ``on_sent``

@@ -27,7 +27,7 @@ from typing import Protocol
 
 import structlog
 
-from s2s_daemon.pipeline.messages import ErrorCode, PlaybackReport, RequestError, SayRequest, Status
+from s2s_daemon.pipeline.messages import ErrorCode, PlaybackReport, RequestError, SayRequest, Status, Utterance
 from s2s_daemon.pipeline.queue import RequestQueue
 
 log = structlog.get_logger(__name__)
@@ -213,6 +213,16 @@ class Job:
 
     def should_stop(self) -> bool:
         return self.cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakerTurn:
+    """A speaker's request, handed from the TTS stage to the playback stage: its job (the ledger's:
+    the stop token, the timeline) and its utterance (the sink's: the request and its chunks). The
+    playback stage is handed the job; it never looks it up again by id."""
+
+    job: Job
+    utterance: Utterance
 
 
 class JobEvents(Protocol):

@@ -221,6 +221,7 @@ class RequestJournal:
         dedup_window: int,
         synchronous: str = "full",
         schedule: Callable[[Callable[[], None]], object] | None = None,
+        on_commit: Callable[[float], None] | None = None,
     ) -> None:
         self.path = path
         self.dedup_window = dedup_window
@@ -241,7 +242,7 @@ class RequestJournal:
         self._row = 0
         self.commits = 0
         self.failures = 0
-        self.on_commit: Callable[[float], None] | None = None
+        self.on_commit = on_commit
         """Called with the seconds each commit of a batch took (on the thread that committed it)."""
 
     # -- opening -----------------------------------------------------------------------

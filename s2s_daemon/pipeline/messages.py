@@ -121,8 +121,9 @@ class Utterance:
     chunks: Channel[Samples]
 
 
-FirstSample = Callable[[float], None]
-"""Called once with the monotonic time the first sample was handed on (device or caller)."""
+OnFirstSample = Callable[[float], None]
+"""A sink's callback (``AudioSink.play``): called once with the monotonic time the first sample was
+handed to the device (the ledger's event of that moment is ``jobs.FirstSample``)."""
 
 
 @dataclass(frozen=True, slots=True)

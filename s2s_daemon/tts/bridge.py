@@ -7,6 +7,7 @@ its consumer. Its ``get`` raises ``EngineTimeout`` on a stall or a spent budget 
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import concurrent.futures
@@ -101,38 +102,30 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-class ChunkStream:
-    """One utterance's chunks, from a generator on the engine thread to the event loop.
+class ChunkStream(abc.ABC):
+    """One utterance's chunks, from the engine thread to the event loop: what the engine made
+    waits here (at most ``capacity`` chunks ahead of the consumer) until the consumer takes it.
 
-    The engine thread runs the generator ahead of the consumer until ``capacity`` chunks
-    wait, then *returns* (so other engine calls, e.g. memory figures, can run) and is
-    resubmitted once the consumer has taken half of them. While other streams share the thread
-    (``crowded``) it takes turns with them, a chunk each; one that is not paced waits its turns
-    out while ``defer`` says a paced one goes first (``scheduler.py``). The event loop is woken
-    only when it is actually waiting: a zero-cost utterance costs one hop, not one per chunk.
-    Every generator operation (create, advance, close) happens on the engine thread.
+    How the engine makes them is the subclass's: a generator pulled on the engine thread
+    (``GeneratorStream``) or a batch's steps (``scheduler.BatchStream``). The engine thread runs
+    ``produce`` until ``capacity`` chunks wait, then *returns* (so other engine calls, e.g. memory
+    figures, can run) and is resubmitted once the consumer has taken half of them. The event loop
+    is woken only when it is actually waiting: a zero-cost utterance costs one hop, not one per chunk.
     """
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         submit: Callable[[Callable[[], None]], None],
-        start: Callable[[], Iterator[Samples]],
         capacity: int,
         budget: UtteranceBudget | None = None,
         *,
-        crowded: Callable[[], bool] | None = None,
-        defer: Callable[[bool], bool] | None = None,
         paced: bool = False,
         sample_rate: int = 24000,
     ) -> None:
         self._loop = loop
         self._submit = submit
-        self._start = start
         self._capacity = capacity
-        self._crowded = crowded
-        """True while other streams share the engine thread: give it back after every chunk."""
-        self._chunks: Iterator[Samples] | None = None
         self._items: collections.deque[Samples] = collections.deque()
         self._lock = threading.Lock()
         self._waiter: asyncio.Future[None] | None = None
@@ -149,9 +142,6 @@ class ChunkStream:
         utterance's lead (``UtteranceBudget.lead_s``)."""
         self.sample_rate = sample_rate
         """Hertz of its chunks: a paced stream's audio seconds from its samples."""
-        self._defer = defer
-        """Among streams taking turns, for one not paced: whether a paced one must go first now
-        (True: before its first chunk, which takes a prefill)."""
         self.held = False
         """Kept from the engine for a paced stream's sake (read by the consumer: no chunk while held
         is no stall)."""
@@ -161,13 +151,14 @@ class ChunkStream:
 
     # -- engine thread -----------------------------------------------------------------
 
+    @abc.abstractmethod
     def produce(self) -> None:
-        """Advance the generator until the buffer is full, it ends, or the consumer left."""
-        self.begin_run(time.monotonic())
-        try:
-            self._produce()
-        finally:
-            self.end_run(time.monotonic())
+        """(Engine thread) make chunks until the buffer is full, the utterance ends, or the consumer left."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """(Engine thread) let go of what makes its chunks (after a stop, an error or an early exit
+        of the consumer)."""
 
     def begin_run(self, at: float) -> None:
         """(Engine thread) an engine run for it began ``at`` (monotonic): ``engine_time_s`` counts it."""
@@ -178,49 +169,6 @@ class ChunkStream:
         since, self._running_since = self._running_since, None
         if since is not None:
             self.budget.spent_s += at - since
-
-    def _produce(self) -> None:
-        try:
-            if self._chunks is None:
-                if self.closed:
-                    return
-                if self._held_back(opening=True):
-                    return
-                self._chunks = iter(self._start())
-            while True:
-                with self._lock:
-                    if self.closed:
-                        return
-                    if len(self._items) >= self._capacity:
-                        self._paused = True
-                        return
-                if self._held_back(opening=False):
-                    return
-                chunk = next(self._chunks, _END)
-                if chunk is _END:
-                    self.finish(None)
-                    return
-                self.put(chunk)  # type: ignore[arg-type]
-                if self._crowded is not None and self._crowded():
-                    self._submit(self.produce)  # behind the other streams' turns
-                    return
-        except BaseException as exc:  # re-raised on the event loop by the consumer
-            self.finish(exc)
-
-    def release(self) -> None:
-        """Close the generator (after a stop, an error or an early exit of the consumer)."""
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            close()
-
-    def _held_back(self, opening: bool) -> bool:
-        """(Engine thread) a paced stream goes first: requeue behind it instead of running now."""
-        if self._defer is None or not self._defer(opening):
-            self.unhold()
-            return False
-        self.hold()
-        self._submit(self.produce)
-        return True
 
     def hold(self, speaker_lead_s: float | None = None) -> None:
         """Mark it kept from the engine for a paced stream's sake (logged once per hold)."""
@@ -360,3 +308,86 @@ class ChunkStream:
             self.closed = True
             self._items.clear()
             return self._finished
+
+
+class GeneratorStream(ChunkStream):
+    """An utterance whose engine yields its chunks from a generator, pulled on the engine thread.
+
+    While other streams share the thread (``crowded``) it takes turns with them, a chunk each; one
+    that is not paced waits its turns out while ``defer`` says a paced one goes first
+    (``scheduler.py``). Every generator operation (create, advance, close) happens on the engine
+    thread.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        submit: Callable[[Callable[[], None]], None],
+        start: Callable[[], Iterator[Samples]],
+        capacity: int,
+        budget: UtteranceBudget | None = None,
+        *,
+        crowded: Callable[[], bool] | None = None,
+        defer: Callable[[bool], bool] | None = None,
+        paced: bool = False,
+        sample_rate: int = 24000,
+    ) -> None:
+        super().__init__(loop, submit, capacity, budget, paced=paced, sample_rate=sample_rate)
+        self._start = start
+        self._crowded = crowded
+        """True while other streams share the engine thread: give it back after every chunk."""
+        self._chunks: Iterator[Samples] | None = None
+        self._defer = defer
+        """Among streams taking turns, for one not paced: whether a paced one must go first now
+        (True: before its first chunk, which takes a prefill)."""
+
+    def produce(self) -> None:
+        """Advance the generator until the buffer is full, it ends, or the consumer left."""
+        self.begin_run(time.monotonic())
+        try:
+            self._produce()
+        finally:
+            self.end_run(time.monotonic())
+
+    def _produce(self) -> None:
+        try:
+            if self._chunks is None:
+                if self.closed:
+                    return
+                if self._held_back(opening=True):
+                    return
+                self._chunks = iter(self._start())
+            while True:
+                with self._lock:
+                    if self.closed:
+                        return
+                    if len(self._items) >= self._capacity:
+                        self._paused = True
+                        return
+                if self._held_back(opening=False):
+                    return
+                chunk = next(self._chunks, _END)
+                if chunk is _END:
+                    self.finish(None)
+                    return
+                self.put(chunk)  # type: ignore[arg-type]
+                if self._crowded is not None and self._crowded():
+                    self._submit(self.produce)  # behind the other streams' turns
+                    return
+        except BaseException as exc:  # re-raised on the event loop by the consumer
+            self.finish(exc)
+
+    def release(self) -> None:
+        """Close the generator (after a stop, an error or an early exit of the consumer)."""
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+
+    def _held_back(self, opening: bool) -> bool:
+        """(Engine thread) a paced stream goes first: requeue behind it instead of running now."""
+        if self._defer is None or not self._defer(opening):
+            self.unhold()
+            return False
+        self.hold()
+        self._submit(self.produce)
+        return True

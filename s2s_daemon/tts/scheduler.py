@@ -53,9 +53,7 @@ class BatchStream(ChunkStream):
         *,
         sample_rate: int = 24000,
     ) -> None:
-        super().__init__(
-            loop, batch.submit, lambda: iter(()), capacity, budget, paced=request.paced, sample_rate=sample_rate
-        )
+        super().__init__(loop, batch.submit, capacity, budget, paced=request.paced, sample_rate=sample_rate)
         self.batch = batch
         self.request = request
         self.should_stop = should_stop
@@ -74,6 +72,7 @@ class BatchStream(ChunkStream):
         self.batch.wake()
 
     def release(self) -> None:
+        """Leave the batch, and stop its synthesis."""
         self.batch.leave(self)
         if self.synthesis is not None:
             self.synthesis.stop()

@@ -30,6 +30,7 @@ from s2s_daemon.pipeline.jobs import (
     PlaybackEnded,
     Released,
     SegmentReady,
+    SpeakerTurn,
     SynthesisEnded,
     SynthesisStarted,
     TextCut,
@@ -74,7 +75,7 @@ class TtsStage:
         worker: EngineWorker,
         info: EngineInfo,
         requests: RequestQueue,
-        utterances: Channel[Utterance],
+        utterances: Channel[SpeakerTurn],
         ledger: Ledger,
         chunk_frames: int,
         gate: Callable[[], asyncio.Future[None] | None] | None = None,
@@ -154,7 +155,7 @@ class TtsStage:
             return
         chunks: Channel[np.ndarray] = Channel(CHUNK_BUFFER, Overflow.BLOCK, f"chunks.{job.request.id}")
         try:
-            await self.utterances.put(Utterance(job.request, self.info.sample_rate, chunks))
+            await self.utterances.put(SpeakerTurn(job, Utterance(job.request, self.info.sample_rate, chunks)))
         except ChannelClosed:
             self.ledger.record(job, Released(time.monotonic()))
             return

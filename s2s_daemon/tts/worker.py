@@ -18,7 +18,7 @@ from typing import TypeVar
 import structlog
 
 from s2s_daemon.pipeline.vocabulary import model_name
-from s2s_daemon.tts.bridge import STREAM_AHEAD, ChunkStream, EngineThread
+from s2s_daemon.tts.bridge import STREAM_AHEAD, ChunkStream, EngineThread, GeneratorStream
 from s2s_daemon.tts.engine import (
     BatchEngine,
     DeviceMemory,
@@ -142,7 +142,7 @@ class EngineWorker:
         if batch is not None:
             stream = BatchStream(loop, batch, request, stop, STREAM_AHEAD, budget, sample_rate=self._sample_rate)
         else:
-            stream = ChunkStream(
+            stream = GeneratorStream(
                 loop,
                 submit,
                 lambda: self.engine.synthesize_blocking(request, stop),

@@ -34,7 +34,11 @@ BACKOFF_MAX_S = 30.0
 
 
 class VadStage:
-    """Publishes speech started/stopped from the microphone."""
+    """Publishes speech started/stopped from the microphone: an intake (``intake/door.py``) that
+    admits no request, only the barge-in that stops what plays."""
+
+    name = "vad"
+    origins: frozenset[str] = frozenset()
 
     def __init__(self, config: VadConfig, on_event: Callable[[VadEvent], None]) -> None:
         self.config = config
@@ -43,6 +47,7 @@ class VadStage:
         self.detector = SpeechDetector(config.aggressiveness, config.frame_ms, config.start_ms, config.stop_ms)
         self.frames = 0
         """Frames fed to the detector."""
+        self._closing = False
 
     @property
     def speaking(self) -> bool:
@@ -60,7 +65,12 @@ class VadStage:
         except AudioDeviceError as exc:
             raise UnavailableError(f"vad.enabled is true but no microphone is usable: {exc}") from exc
 
+    def drain(self) -> None:
+        """Nothing to stop: a barge-in still stops what plays while the daemon drains."""
+
     async def close(self) -> None:
+        """Release the microphone; ``run`` returns at its next frame period."""
+        self._closing = True
         await asyncio.to_thread(self.capture.close_blocking)
 
     async def run(self) -> None:
@@ -68,8 +78,10 @@ class VadStage:
         last_frame_at = time.monotonic()
         backoff_s = 0.0
         started = False
-        while True:
+        while not self._closing:
             await asyncio.sleep(period_s)
+            if self._closing:
+                return
             frames = self.capture.drain()
             now = time.monotonic()
             if frames:
@@ -89,10 +101,12 @@ class VadStage:
             if self.detector.speaking:
                 self.on_event(VadEvent(False, now, 0.0))
             self.detector.reset()
-            await self.close()
-            while True:
+            await asyncio.to_thread(self.capture.close_blocking)
+            while not self._closing:
                 backoff_s = min(BACKOFF_MAX_S, max(BACKOFF_FIRST_S, 2.0 * backoff_s))
                 await asyncio.sleep(backoff_s)
+                if self._closing:
+                    return
                 try:
                     await asyncio.to_thread(self.capture.open_blocking)
                 except AudioDeviceError as exc:

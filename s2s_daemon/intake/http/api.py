@@ -3,24 +3,18 @@ error JSON ``{"error": {"message", "type", "param", "code"}}`` with an HTTP stat
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
+from s2s_daemon.intake.admission import IntakeRules, SayAsk
 from s2s_daemon.intake.http.encoders import FORMATS
-from s2s_daemon.intake.schemas import MAX_NAME_CHARS, IntakeRules, Name, decode_json_object
+from s2s_daemon.intake.schemas import MAX_NAME_CHARS, Name, decode_json_object
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
 from s2s_daemon.pipeline.stretch import SPEED_RANGE, StretchUnavailableError, needs_stretch, require_stretch
-from s2s_daemon.pipeline.vocabulary import UnknownVoiceError
+from s2s_daemon.pipeline.voice_policy import OPENAI_VOICES
 
-OPENAI_VOICES = frozenset(
-    {"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer", "verse"}
-)
-"""OpenAI's built-in voices: clients send them by default (Open WebUI: ``alloy``); they speak with
-``tts.voice``, unless a preset or a library voice has that name (``ours_named``). Any other name that
-is none of the daemon's voices is ``unknown_voice``."""
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 """Listed by ``/v1/models`` beside the daemon's model; ``model`` itself is accepted and ignored."""
 STREAM_FORMATS = ("audio", "sse")
@@ -145,34 +139,21 @@ def parse_speech(body: bytes) -> SpeechPayload:
     return speech.model_copy(update={"response_format": fmt})
 
 
-def ours_named(name: str, rules: IntakeRules) -> bool:
-    """Whether one of the daemon's own voices is called ``name`` (any case): a preset speaker, or a
-    library voice, even one of a kind this model cannot speak (``parse_say`` then says why)."""
-    if name.lower() in {v.lower() for v in rules.voices}:
-        return True
-    if rules.library is None:
-        return False
-    try:
-        return rules.library.lookup(name) is not None
-    except UnknownVoiceError:
-        return True
-
-
-def say_payload(speech: SpeechPayload, rules: IntakeRules) -> bytes:
-    """The say request (MQTT's JSON) for ``speech``, to be checked by the same rules as MQTT's."""
-    voice = speech.voice_name()
-    if voice is not None and voice.strip().lower() in OPENAI_VOICES and not ours_named(voice.strip(), rules):
-        voice = None  # an OpenAI voice name that is none of ours: the default voice
-    say: dict[str, Any] = {"text": speech.input, "voice": voice, "language": speech.language}
-    if speech.instructions is not None:
-        say["instruct"] = speech.instructions
-    return json.dumps(say).encode()
+def speech_ask(speech: SpeechPayload, rules: IntakeRules) -> SayAsk:
+    """What ``speech`` asks, for ``admission.admit`` (the same rules as every door's): an OpenAI
+    voice name that is none of ours speaks with the default voice."""
+    return SayAsk(
+        text=speech.input,
+        voice=rules.voices.from_openai(speech.voice_name()),
+        language=speech.language,
+        instruct=speech.instructions,
+    )
 
 
 def with_openai_names(error: RequestError, rules: IntakeRules) -> RequestError:
     """An ``unknown_voice`` answer that names OpenAI's voices too, which speak with the default
     voice (not when there is none: a Base model without ``tts.voice``, whose answer says why)."""
-    if rules.no_default is not None:
+    if rules.voices.no_default is not None:
         return error
     names = ", ".join(sorted(OPENAI_VOICES))
     return RequestError(

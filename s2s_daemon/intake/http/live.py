@@ -1,10 +1,10 @@
 """The web page's live view: the events the daemon publishes, kept and handed to open pages.
 
-Every message ``MqttEvents`` sends passes through ``tap`` on its way to the broker: the feed keeps
-the latest state, the latency events of the last requests and the memory events of the last
-minutes, and gives each event to every open subscription (the page's Server-Sent Events stream).
-The page so sees the payloads an MQTT subscriber sees, whether or not a broker is up, and never
-talks MQTT itself.
+``MqttEvents`` hands the feed each event it publishes (``add``: its kind and its payload, the
+object the MQTT message encodes, as it is built): the feed keeps the latest state, the latency
+events of the last requests and the memory events of the last minutes, and gives each event to
+every open subscription (the page's Server-Sent Events stream). The page so sees the payloads an
+MQTT subscriber sees, whether or not a broker is up, and never talks MQTT itself.
 """
 
 from __future__ import annotations
@@ -12,19 +12,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-
-from s2s_daemon.mqtt.packets import OutMessage
-from s2s_daemon.mqtt.topics import Topics
 
 MEMORY_KEPT_S = 600.0
 """Memory events younger than this are kept (the page plots the last minutes)."""
 LATENCY_KEPT = 200
 """Latency events of this many requests are kept."""
+KINDS = frozenset({"state", "started", "finished", "latency", "memory", "info"})
+"""The events the live view shows."""
 SUBSCRIPTION_QUEUE = 256
 """Events waiting for one page; past that the oldest are dropped (a stalled page loses history, not the daemon)."""
 
@@ -34,7 +32,7 @@ class LiveEvent:
     kind: str
     """``state``, ``started``, ``finished``, ``latency``, ``memory`` or ``info``."""
     payload: dict[str, Any]
-    """The JSON object published on the event's topic."""
+    """The object published on the event's topic (as MQTT's JSON encodes it)."""
 
 
 class Subscription:
@@ -68,41 +66,18 @@ class Subscription:
 
 
 class LiveFeed:
-    """Taps what ``MqttEvents`` publishes. The constructor does no I/O."""
+    """What ``MqttEvents`` publishes, for the page (``add`` is its ``live`` listener). The constructor does no I/O."""
 
-    def __init__(self, topics: Topics) -> None:
-        self._kinds = {
-            topics.state: "state",
-            topics.started: "started",
-            topics.finished: "finished",
-            topics.latency: "latency",
-            topics.memory: "memory",
-            topics.info: "info",
-        }
+    def __init__(self) -> None:
         self.state: dict[str, Any] | None = None
         """The latest state payload; None before the first."""
         self._latency: collections.deque[dict[str, Any]] = collections.deque(maxlen=LATENCY_KEPT)
         self._memory: collections.deque[dict[str, Any]] = collections.deque()
         self._subscriptions: set[Subscription] = set()
 
-    def tap(self, publish: Callable[[OutMessage], None]) -> Callable[[OutMessage], None]:
-        """``publish``, with every message seen by the feed first."""
-
-        def tapped(message: OutMessage) -> None:
-            self.observe(message)
-            publish(message)
-
-        return tapped
-
-    def observe(self, message: OutMessage) -> None:
-        kind = self._kinds.get(message.topic)
-        if kind is None:
-            return
-        try:
-            payload = json.loads(message.payload)
-        except ValueError:
-            return
-        if not isinstance(payload, dict):
+    def add(self, kind: str, payload: dict[str, Any]) -> None:
+        """One event the daemon published: kept (state, latency, memory) and handed to every page."""
+        if kind not in KINDS:
             return
         if kind == "state":
             self.state = payload

@@ -18,7 +18,7 @@ import hmac
 import ipaddress
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,28 +28,28 @@ from aiohttp import web
 
 from s2s_daemon.config import HttpConfig
 from s2s_daemon.errors import UnavailableError
-from s2s_daemon.intake.http import key_file_exposure, read_api_key
+from s2s_daemon.intake.admission import IntakeRules, admit
 from s2s_daemon.intake.http.api import (
     MODEL_ALIASES,
     ApiError,
     SpeechPayload,
     invalid_request,
     parse_speech,
-    say_payload,
+    speech_ask,
     unanswered,
     with_openai_names,
 )
+from s2s_daemon.intake.http.api_key import key_file_exposure, read_api_key
 from s2s_daemon.intake.http.encoders import CONTENT_TYPES, AudioEncoder, WavEncoder, encoder_factory
 from s2s_daemon.intake.http.guard import RequestGuard, json_body
-from s2s_daemon.intake.http.limits import ConnectionGuard, ListenerLimits
+from s2s_daemon.intake.http.limits import ConnectionGuard, Handler, ListenerLimits
 from s2s_daemon.intake.http.live import LiveFeed
 from s2s_daemon.intake.http.monitor import MonitorRoutes
-from s2s_daemon.intake.http.web import WebPage
-from s2s_daemon.intake.schemas import IntakeRules, parse_say, resolve_voice
+from s2s_daemon.intake.http.web import ORIGIN, WebPage
 from s2s_daemon.pipeline.jobs import Job, Ledger
 from s2s_daemon.pipeline.messages import ErrorCode, Status
 from s2s_daemon.pipeline.output import CallerStream
-from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, Samples, model_name
+from s2s_daemon.pipeline.vocabulary import EngineInfo, Samples, model_name
 
 log = structlog.get_logger(__name__)
 
@@ -64,8 +64,6 @@ OPEN_PATHS = frozenset({"/health", "/ready"})
 """Served without the bearer token (probes); ``/metrics`` needs it when there is one."""
 LOADING_RETRY_S = 5
 """``Retry-After`` of the API's answers while the model loads."""
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _json_error(exc: ApiError) -> web.Response:
@@ -117,7 +115,7 @@ class ThreadedEncoder:
 
 
 @dataclass(frozen=True, slots=True)
-class _Pipeline:
+class _Attached:
     """What the API serves with, once the model is loaded."""
 
     ledger: Ledger
@@ -129,15 +127,18 @@ class HttpSpeechServer:
     """``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/audio/voices``, the monitor's
     ``GET /health``, ``/ready``, ``/metrics``, and the web page (``web``), its live view fed by ``feed``.
 
-    The constructor does no I/O; ``start`` reads the key and listens (before the model loads),
-    ``attach`` hands it the pipeline, ``serve`` runs until it is cancelled (the daemon's drain,
-    after the queue is answered), then closes.
+    An ``Intake`` (``door.py``). The constructor does no I/O; ``start`` reads the key and listens
+    (before the model loads), ``attach`` hands it the pipeline, ``run`` serves until ``close`` (the
+    end of the daemon's drain, once the queue is answered: the probes answer through the drain).
     """
+
+    name = "http"
+    origins = frozenset({"http", ORIGIN})
 
     def __init__(self, config: HttpConfig, monitor: MonitorRoutes) -> None:
         self.config = config
         self.monitor = monitor
-        self._pipeline: _Pipeline | None = None
+        self._attachment: _Attached | None = None
         self.feed: LiveFeed | None = None
         """The events the daemon publishes, for the web page's live view (from ``attach``)."""
         self.open_paths = set(OPEN_PATHS)
@@ -148,6 +149,7 @@ class HttpSpeechServer:
         self.browsers = RequestGuard(config.host, config.allowed_hosts)
         """The Host allow-list and the same-origin rule, checked before the key."""
         self._runner: web.AppRunner | None = None
+        self._closed = asyncio.Event()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._created = int(time.time())
         self.connections = ConnectionGuard(
@@ -161,15 +163,15 @@ class HttpSpeechServer:
 
     def attach(self, ledger: Ledger, rules: IntakeRules, info: EngineInfo, feed: LiveFeed | None) -> None:
         """The model is loaded: serve speech with this pipeline, the page's live view from ``feed``."""
-        self._pipeline = _Pipeline(ledger, rules, info)
+        self._attachment = _Attached(ledger, rules, info)
         self.feed = feed
 
     def require_attached(self) -> None:
         """Raise the 503 ``model_loading`` answer while the model loads (before a stream starts)."""
         self._attached()
 
-    def _attached(self) -> _Pipeline:
-        if self._pipeline is None:
+    def _attached(self) -> _Attached:
+        if self._attachment is None:
             raise ApiError(
                 503,
                 "the model is loading; try again shortly (GET /ready says when it is ready)",
@@ -177,7 +179,7 @@ class HttpSpeechServer:
                 code="model_loading",
                 headers={"Retry-After": str(LOADING_RETRY_S)},
             )
-        return self._pipeline
+        return self._attachment
 
     @property
     def ledger(self) -> Ledger:
@@ -210,7 +212,7 @@ class HttpSpeechServer:
         app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_get("/v1/audio/voices", self._voices)
         self.monitor.add_to(app)  # /health, /ready, /metrics
-        self.open_paths |= WebPage(self).add_routes(app)
+        self.open_paths |= WebPage(self, self.config.max_body_bytes).add_routes(app)
         return app
 
     async def start(self) -> None:
@@ -237,15 +239,19 @@ class HttpSpeechServer:
         if self._api_key is None and not _is_loopback(cfg.host):
             log.warning("http_without_api_key", host=cfg.host, hint="set http.api_key_file")
 
-    async def serve(self) -> None:
-        """Serve until cancelled; then stop listening, let responses being written finish (at most
-        ``CLOSE_TIMEOUT_S``) and cancel the rest."""
+    async def run(self) -> None:
+        """Serve until ``close`` (or until cancelled: then it closes)."""
         try:
-            await asyncio.get_running_loop().create_future()
+            await self._closed.wait()
         finally:
             await self.close()
 
+    def drain(self) -> None:
+        """Nothing to stop: the ledger answers new speech ``shutting_down`` (503) and the probes say
+        ``draining`` until ``close``."""
+
     async def close(self) -> None:
+        """Stop listening, let responses being written finish (at most ``CLOSE_TIMEOUT_S``) and cancel the rest."""
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -253,6 +259,7 @@ class HttpSpeechServer:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+        self._closed.set()
 
     @property
     def auth_required(self) -> bool:
@@ -309,17 +316,12 @@ class HttpSpeechServer:
         return web.json_response(self._model_object(model_id))
 
     async def _voices(self, request: web.Request) -> web.Response:
-        try:
-            default = resolve_voice(None, self.rules)  # None: a request must name its voice
-        except EngineError:
-            default = None
-        presets = {v.lower() for v in self.info.voices}
-        library = self.rules.library.names() if self.rules.library is not None else {}
-        named = [{"id": n, "name": n, "kind": str(k)} for n, k in library.items() if n.lower() not in presets]
+        policy = self.rules.voices
+        named = [{"id": n, "name": n, "kind": str(k)} for n, k in policy.library_voices().items()]
         return web.json_response(
             {
                 "voices": [{"id": v, "name": v} for v in self.info.voices] + named,
-                "default": default,
+                "default": policy.default_voice(),  # None: a request must name its voice
                 "languages": list(self.info.languages),
             }
         )
@@ -329,7 +331,7 @@ class HttpSpeechServer:
     async def _speech(self, request: web.Request) -> web.StreamResponse:
         received = time.monotonic()
         speech = parse_speech(await json_body(request))
-        parsed = parse_say(say_payload(speech, self.rules), self.rules, origin="http", received_at=received)
+        parsed = admit(speech_ask(speech, self.rules), self.rules, origin="http", received_at=received)
         if parsed.error is not None and parsed.error.code is ErrorCode.UNKNOWN_VOICE:
             parsed = dataclasses.replace(parsed, error=with_openai_names(parsed.error, self.rules))
         if parsed.error is not None:

@@ -20,9 +20,10 @@ from typing import Any, Protocol
 from aiohttp import BodyPartReader, web
 from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 
+from s2s_daemon.intake.admission import IntakeRules
 from s2s_daemon.intake.http.api import ApiError
 from s2s_daemon.intake.http.guard import json_body
-from s2s_daemon.intake.schemas import IntakeRules, decode_json_object, resolve_voice
+from s2s_daemon.intake.schemas import decode_json_object
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, normalize_language
 from s2s_daemon.pipeline.voice_edits import (
     ReferenceStats,
@@ -113,7 +114,7 @@ class PipelineSource(Protocol):
 
 
 class VoiceAdmin:
-    """The ``/api/voices`` endpoints over ``rules.library``. The constructor does no I/O."""
+    """The ``/api/voices`` endpoints over ``rules.voices.library``. The constructor does no I/O."""
 
     def __init__(self, source: PipelineSource, max_fields_bytes: int) -> None:
         self.source = source
@@ -140,7 +141,7 @@ class VoiceAdmin:
 
     @property
     def library(self) -> VoiceLibrary:
-        library = self.rules.library
+        library = self.rules.voices.library
         if library is None:
             raise ApiError(404, "this daemon has no voice library", code="no_voice_library")
         return library
@@ -174,20 +175,16 @@ class VoiceAdmin:
         library = self.library
         preset = str(VoiceKind.PRESET)
         presets = [{"name": v, "kind": preset, "kinds": [preset], "speakable": True} for v in self.info.voices]
-        lowered = {v.lower() for v in self.info.voices}
         named: list[dict[str, Any]] = []
         for folder in library.folder_names():
-            if folder.lower() in lowered:
+            if self.rules.voices.is_preset(folder):
                 continue  # a preset of that name wins: requests naming it get the preset
             voice = read_voice(library.root, folder)
             if voice is None:  # unreadable, or leading outside the folder: listed to be removed
                 named.append({"name": folder, "kind": None, "kinds": [], "speakable": False, "unreadable": True})
             else:
                 named.append(self._detail_blocking(voice))
-        try:
-            default = resolve_voice(None, self.rules)
-        except EngineError:
-            default = None
+        default = self.rules.voices.default_voice()
         return {
             "mode": self.info.mode,
             "can_clone": library.kind is VoiceKind.CLONE,

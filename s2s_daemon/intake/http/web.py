@@ -29,7 +29,7 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psutil
 from aiohttp import web
@@ -39,14 +39,11 @@ from s2s_daemon import __version__
 from s2s_daemon.intake.http.api import ApiError, unanswered
 from s2s_daemon.intake.http.encoders import FORMATS
 from s2s_daemon.intake.http.guard import json_body
-from s2s_daemon.intake.http.live import LiveEvent
-from s2s_daemon.intake.http.voice_admin import VoiceAdmin
+from s2s_daemon.intake.http.live import LiveEvent, LiveFeed
+from s2s_daemon.intake.http.voice_admin import PipelineSource, VoiceAdmin
 from s2s_daemon.intake.schemas import StopPayload, decode_json_object, parse_say
 from s2s_daemon.pipeline.jobs import Job, Ledger, Phase
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
-
-if TYPE_CHECKING:
-    from s2s_daemon.intake.http.server import HttpSpeechServer
 
 KEEPALIVE_S = 15.0
 """A comment line on an idle event stream this often keeps proxies from closing it."""
@@ -109,12 +106,27 @@ def job_row(job: Job, now: float) -> dict[str, Any]:
     }
 
 
+class PageSource(PipelineSource, Protocol):
+    """What the page reads from the server it is served by (the speech API's), at each request."""
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+    @property
+    def feed(self) -> LiveFeed | None: ...
+
+    @property
+    def auth_required(self) -> bool: ...
+
+    def require_attached(self) -> None: ...
+
+
 class WebPage:
     """The page's routes on the speech API's app. The constructor does no I/O."""
 
-    def __init__(self, server: HttpSpeechServer) -> None:
+    def __init__(self, server: PageSource, max_body_bytes: int) -> None:
         self.server = server
-        self.voices = VoiceAdmin(server, server.config.max_body_bytes)
+        self.voices = VoiceAdmin(server, max_body_bytes)
 
     @property
     def ledger(self) -> Ledger:

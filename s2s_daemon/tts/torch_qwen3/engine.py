@@ -49,6 +49,7 @@ from s2s_daemon.tts.torch_qwen3.config import (
     load_generation_settings,
     load_model_config,
 )
+from s2s_daemon.tts.torch_qwen3.device import pick_device
 from s2s_daemon.tts.torch_qwen3.formats import choose_format
 from s2s_daemon.tts.torch_qwen3.layers import fuse_projections, matvec_layout, no_weight_init, small_batch_linears
 from s2s_daemon.tts.torch_qwen3.options import TorchOptions
@@ -80,24 +81,6 @@ def frame_budget(text_tokens: int, max_new_tokens: int, cap: int | None = None) 
     """Codec frames allowed for an utterance of ``text_tokens`` tokens (see the module docstring)."""
     budget = min(max_new_tokens, FRAMES_BASE + FRAMES_PER_TOKEN * max(0, text_tokens))
     return min(budget, cap) if cap is not None else budget
-
-
-def pick_device(requested: str) -> torch.device:
-    """``auto`` -> cuda, then mps, then cpu; anything else is passed to torch.device."""
-    if requested == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(requested)
-    except RuntimeError as exc:
-        raise EngineError(f"device {requested!r} is not a torch device: {exc}") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise EngineError(f"device {requested!r} requested but CUDA is not available")
-    return device
 
 
 _DTYPES = {

@@ -87,7 +87,7 @@ def resolved(
 
     from s2s_daemon.tts.threads import CpuShare, affinity_cpus, ceiling_threads, cgroup_quota, wait_policy
     from s2s_daemon.tts.torch_qwen3 import native
-    from s2s_daemon.tts.torch_qwen3.engine import pick_device
+    from s2s_daemon.tts.torch_qwen3.device import pick_device
 
     where = pick_device(device).type
     choice = choose_format(where, dtype, quantization, kernels, native.why_not_here)
