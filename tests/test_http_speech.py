@@ -36,6 +36,7 @@ from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
 from tests.support.broker import Mosquitto, free_port
 from tests.support.daemon import daemon_in_process, write_config
 from tests.support.mqtt import Recorder, recorder
+from tests.support.wait import until
 
 SAY = "s2s/kitchen/tts/say"
 FRAME = 1920
@@ -72,15 +73,16 @@ class Api:
 
 async def wait_ready(port: int, timeout_s: float = 10.0) -> None:
     """Until ``GET /ready`` answers 200 (the port listens before the model loads)."""
-    async with asyncio.timeout(timeout_s), aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
-        while True:
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+
+        async def ready() -> bool:
             try:
                 async with http.get("/ready") as r:
-                    if r.status == 200:
-                        return
+                    return r.status == 200
             except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.02)
+                return False
+
+        await until(ready, timeout_s, f"/ready on {port}")
 
 
 @contextlib.asynccontextmanager
@@ -240,9 +242,8 @@ async def test_a_whole_file_stopped_part_way_is_409_and_the_events_agree(tmp_pat
         )
         assert api.daemon._parts is not None
         ledger = api.daemon._parts.pipeline.ledger
-        async with asyncio.timeout(20):  # a second of its audio made (polled: no event says so)
-            while not any(j.timeline.audio_s >= 1.0 for j in ledger.jobs.values()):  # noqa: ASYNC110  (no event to wait on)
-                await asyncio.sleep(0.02)
+        # a second of its audio made (polled: no event says so)
+        await until(lambda: any(j.timeline.audio_s >= 1.0 for j in ledger.jobs.values()), 20, "1 s of audio made")
         (rid,) = ledger.jobs
         await api.rec.say("s2s/kitchen/tts/stop", {"id": rid})
         with pytest.raises(openai.APIStatusError) as refused:
@@ -376,7 +377,7 @@ async def test_models_voices_health_and_the_drain(tmp_path: Path, mosquitto: Mos
                 async for piece in response.iter_bytes():
                     if not data:
                         api.daemon.request_stop()  # SIGTERM mid-stream: this response still ends whole
-                        await asyncio.sleep(0.05)
+                        await until(lambda: health_phase(http, "draining"), 5, "/health saying draining")
                         async with http.get("/health") as r:  # alive
                             assert r.status == 200 and await r.json() == {"status": "ok", "phase": "draining"}
                         async with http.get("/ready") as r:  # and out of rotation
@@ -387,19 +388,31 @@ async def test_models_voices_health_and_the_drain(tmp_path: Path, mosquitto: Mos
     assert len(data) == 2 * tone_samples(text)
 
 
+async def health_phase(http: aiohttp.ClientSession, phase: str) -> bool:
+    async with http.get("/health") as r:
+        return r.status == 200 and (await r.json())["phase"] == phase
+
+
 async def test_draining_refuses_new_speech_with_503(tmp_path: Path, mosquitto: Mosquitto) -> None:
     fast = {"tts": {"options": {"speed": "4"}}}
-    async with speech_api(tmp_path, mosquitto, api_key=None, **fast) as api, api.client("any") as client:
+    refused: pytest.ExceptionInfo[openai.InternalServerError] | None = None
+    async with (
+        speech_api(tmp_path, mosquitto, api_key=None, **fast) as api,
+        api.client("any") as client,
+        aiohttp.ClientSession(api.base_url) as http,
+    ):
         async with client.audio.speech.with_streaming_response.create(
             model="tts-1", voice="alloy", input="v" * 50, response_format="pcm"
         ) as response:
-            async for _ in response.iter_bytes():
+            async for _ in response.iter_bytes():  # the first piece of audio: the stream runs
                 api.daemon.request_stop()
-                await asyncio.sleep(0.05)
+                await until(lambda: health_phase(http, "draining"), 5, "/health saying draining")
                 with pytest.raises(openai.InternalServerError) as refused:
                     await client.audio.speech.create(model="tts-1", voice="alloy", input="too late")
-                assert refused.value.status_code == 503 and refused.value.code == "shutting_down"
                 break
+    # Out of the loop: an answer without a body never reached the refusal (this test then proved nothing).
+    assert refused is not None, "the first request's answer had no audio"
+    assert refused.value.status_code == 503 and refused.value.code == "shutting_down"
 
 
 async def test_missing_extra_and_taken_port_are_exit_69(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
