@@ -66,7 +66,7 @@ class RealTimeSpeaker:
                     gaps_at.append(samples / utterance.sample_rate)
             previous = chunk
             samples += len(chunk)
-            await asyncio.sleep(len(chunk) / utterance.sample_rate)
+            await asyncio.sleep(len(chunk) / utterance.sample_rate)  # plays in real time, as a speaker
         return PlaybackReport(first, time.monotonic(), 1000.0 * samples / utterance.sample_rate)
 
     async def close(self) -> None:

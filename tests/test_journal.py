@@ -311,18 +311,18 @@ async def test_sigkill_with_requests_queued_then_restart(
             # published while the daemon is down: its persistent session keeps them
             for i in ("down0", "down1"):
                 await rec.say(SAY, {"id": i, "text": text})
-            await asyncio.sleep(1.6)  # "short" is past its ttl
+            await asyncio.sleep(1.6)  # "short" is past its ttl: the clock passing it is what is tested
             proc.start()
             everyone = [*ids, "short", "down0", "down1"]
             fin = await rec.wait_finished(everyone, timeout_s=40)
             assert {fin[i]["status"] for i in ids} == {after}, fin
             assert fin["short"]["status"] == "expired"
             assert {fin[i]["status"] for i in ("down0", "down1")} == {"completed"}
-            await asyncio.sleep(0.5)
-            assert set(rec.finished()) == set(everyone)  # and exactly one each (finished() checks)
             assert "journal_resumed" in proc.log()
-        proc.signal(signal.SIGTERM)
-        assert await proc.wait(15) == 0
+            proc.signal(signal.SIGTERM)
+            assert await proc.wait(15) == 0
+            await rec.settle()  # all it ever published has reached us
+            assert set(rec.finished()) == set(everyone)  # and exactly one each (finished() checks)
         assert open_rows(config.with_suffix(".journal.sqlite3")) == 0
         assert open_rows(config.with_suffix(".journal.sqlite3"), "outgoing") == 0  # every answer acknowledged
     finally:
@@ -339,7 +339,9 @@ async def test_a_redelivered_finished_id_after_a_restart_is_a_duplicate(tmp_path
             await online(rec)
             await rec.say(SAY, {"id": "once", "text": "only once"})
             await rec.wait_finished(["once"])
-            await asyncio.sleep(0.3)  # the broker acknowledged the terminal event
+            # The broker acknowledged the terminal event: its PUBACK reached the daemon before the
+            # barrier's request did, and was handled first (the journal is locked while it runs).
+            await rec.barrier(SAY)
             proc.signal(signal.SIGKILL)
             await proc.wait(10)
             rec.messages.clear()

@@ -11,6 +11,7 @@ import time
 from s2s_daemon.intake.http.live import LATENCY_KEPT, MEMORY_KEPT_S, LiveEvent, LiveFeed, Subscription
 from s2s_daemon.mqtt.packets import OutMessage
 from s2s_daemon.mqtt.topics import Topics
+from tests.support.wait import loop_turns
 
 TOPICS = Topics("s2s", "kitchen")
 
@@ -67,6 +68,6 @@ async def test_close_ends_a_waiting_subscription() -> None:
     feed = LiveFeed(TOPICS)
     with feed.subscribe() as subscription:
         waiting = asyncio.create_task(subscription.get())
-        await asyncio.sleep(0)
+        await loop_turns()  # it waits in get()
         feed.close()
         assert await asyncio.wait_for(waiting, 1) is None

@@ -34,6 +34,7 @@ from s2s_daemon.tts.bridge import EngineThread
 from tests.support.broker import Mosquitto, free_port
 from tests.support.daemon import DaemonProcess, daemon_in_process, write_config
 from tests.support.mqtt import recorder
+from tests.support.wait import until
 from tests.test_http_speech import tone_samples, wait_ready
 
 SAY = "s2s/kitchen/tts/say"
@@ -52,12 +53,12 @@ async def curl(url: str) -> tuple[int, dict[str, Any] | None]:
 
 
 async def curl_until(url: str, wanted: int, timeout_s: float = 30.0) -> dict[str, Any] | None:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            status, body = await curl(url)
-            if status == wanted:
-                return body
-            await asyncio.sleep(0.05)
+    async def answer() -> tuple[int, dict[str, Any] | None] | None:
+        status, body = await curl(url)
+        return (status, body) if status == wanted else None
+
+    _, body = await until(answer, timeout_s, f"{url} answering {wanted}", interval_s=0.05)
+    return body
 
 
 def samples(exposition: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -326,9 +327,7 @@ async def test_engine_busy_time_counts_the_call_in_progress() -> None:
         release = threading.Event()
         started = time.monotonic()
         call = asyncio.wrap_future(thread.submit(release.wait))
-        await asyncio.sleep(0.2)
-        during = thread.busy_s()
-        assert during > 0.0
+        during = await until(thread.busy_s, what="busy time while the call still runs")
         release.set()
         await call
         after = thread.busy_s()

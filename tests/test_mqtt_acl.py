@@ -4,7 +4,6 @@ says ``online``)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
@@ -160,7 +159,7 @@ async def test_a_refused_subscription_is_exit_77_naming_the_topic(tmp_path: Path
         async with recorder(broker.port) as rec:
             proc.start()
             assert await proc.wait(30) == EXIT_NOPERM
-            await asyncio.sleep(0.3)
+            await rec.settle()  # whatever it published before it exited has reached us
             assert [m.payload for m in rec.on("/kitchen/status")] in ([], [b"offline"])  # never online
         events = log_events(proc.log())
         denied = [e for e in events if e.get("event") == "mqtt_subscription_denied"]

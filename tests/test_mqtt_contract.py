@@ -15,6 +15,7 @@ from paho.mqtt.properties import Properties
 from tests.support.broker import Mosquitto
 from tests.support.daemon import daemon_in_process, write_config
 from tests.support.mqtt import Recorder, recorder
+from tests.support.wait import until
 
 SAY = "s2s/kitchen/tts/say"
 STOP = "s2s/kitchen/tts/stop"
@@ -340,7 +341,17 @@ async def test_embedded_broker_speaks_311(tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path / "e.yaml", port, mqtt={"broker": "embedded"})
     async with daemon_in_process(config):
-        await asyncio.sleep(0.5)
+
+        async def listening() -> bool:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                return False
+            writer.close()
+            await writer.wait_closed()
+            return True
+
+        await until(listening, 10, "the embedded broker listening")
         async with recorder(port, v5=False) as rec:
             await rec.wait_for(lambda: rec.on("/status"))
             await rec.say(SAY, {"id": "e1", "text": "embedded"})

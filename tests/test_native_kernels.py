@@ -324,7 +324,7 @@ def _slowed(fn: Any, delay_s: float) -> Any:
     import time
 
     def slow(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(delay_s)
+        time.sleep(delay_s)  # the slower kernel the test needs: the behaviour under test
         return fn(*args, **kwargs)
 
     return slow
@@ -386,7 +386,7 @@ def test_the_kernels_let_go_of_the_gil(ext: Any) -> None:
         running.wait(5)
         while not done.is_set():  # Python bytecode: every tick needs the GIL
             ticks.append(time.perf_counter())
-            time.sleep(0.001)
+            time.sleep(0.001)  # the measurement: a tick each millisecond the GIL allows
         worker.join(60)
     finally:
         torch.set_num_threads(threads)
@@ -421,7 +421,9 @@ def test_the_kernels_release_the_gil(ext: Any) -> None:
     worker = threading.Thread(target=product)
     worker.start()
     assert inside.wait(10)
-    time.sleep(0.05)  # into the product
+    # Into the product (half a second at least): no event can say the thread is inside the native
+    # call; a margin is all there is.
+    time.sleep(0.05)
     total = sum(range(10_000))  # Python code: needs the GIL
     running = worker.is_alive()
     worker.join()

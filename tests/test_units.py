@@ -28,6 +28,7 @@ from s2s_daemon.pipeline.jobs import (
 )
 from s2s_daemon.pipeline.messages import ErrorCode, SayRequest, Status
 from s2s_daemon.pipeline.queue import RequestQueue
+from tests.support.wait import loop_turns
 
 RULES = IntakeRules("kitchen", 50, ("Ryan", "Vivian"), ("auto", "english", "chinese"), "Ryan", "auto")
 
@@ -53,7 +54,7 @@ async def test_channel_policies_and_close() -> None:
     block: Channel[int] = Channel(1, Overflow.BLOCK, "b")
     await block.put(1)
     waiter = asyncio.create_task(block.put(2))
-    await asyncio.sleep(0.01)
+    await loop_turns()
     assert not waiter.done()  # back-pressure
     assert await block.get() == 1
     await waiter

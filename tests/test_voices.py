@@ -311,7 +311,8 @@ def test_a_designed_voice_speaks_its_instruction(tmp_path: Path, one_thread: Non
 
 @pytest.mark.torch
 @pytest.mark.timeout(300)
-async def test_mqtt_say_speaks_a_library_voice(tmp_path: Path, mosquitto: Any) -> None:
+async def test_mqtt_say_speaks_a_library_voice(tmp_path: Path, mosquitto: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from s2s_daemon.events import publisher
     from tests.support.daemon import daemon_in_process, write_config
     from tests.support.mqtt import recorder
 
@@ -343,7 +344,7 @@ async def test_mqtt_say_speaks_a_library_voice(tmp_path: Path, mosquitto: Any) -
         fin = await rec.wait_finished(["a1", "b1", "p1", "a2"], timeout_s=180)
         # A voice added while the daemon runs is spoken, and info is published again with it.
         _voice(root, "carol", ref_text=None)
-        await asyncio.sleep(1.1)  # past INFO_RESCAN_S since the last scan
+        monkeypatch.setattr(publisher, "INFO_RESCAN_S", 0.0)  # rescanned at the next request, however soon
         await rec.say(say, {"id": "c1", "text": "Hello.", "voice": "carol"})
         fin.update(await rec.wait_finished(["c1"], timeout_s=120))
         kinds = await rec.wait_for(lambda: next((p for p in rec.payloads("/info") if "carol" in p["voiceKinds"]), None))

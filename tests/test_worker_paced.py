@@ -54,13 +54,13 @@ class StepEngine:
         return self.size
 
     def open_blocking(self, request: SynthesisRequest, should_stop: ShouldStop) -> _Synthesis:
-        time.sleep(self.open_s)
+        time.sleep(self.open_s)  # the engine's work (a prompt's prefill): the behaviour under test
         name, frames = request.text.split(":")
         return _Synthesis(name, int(frames))
 
     def step_blocking(self, batch: list[_Synthesis]) -> None:
         self.threads.add(threading.get_ident())
-        time.sleep(self.step_s)
+        time.sleep(self.step_s)  # the engine's work per step: the behaviour under test
         live = [s for s in batch if not s.done]
         self.steps.append((time.monotonic(), frozenset(s.name for s in live)))
         for s in live:
@@ -84,7 +84,7 @@ def _request(name: str, frames: int, paced: bool) -> SynthesisRequest:
 
 async def _consume(worker: EngineWorker, request: SynthesisRequest, delay_s: float = 0.0) -> list[float]:
     """The arrival times of the request's chunks."""
-    await asyncio.sleep(delay_s)
+    await asyncio.sleep(delay_s)  # the scenario: this request arrives this much later
     times = []
     async for _ in worker.stream(request, lambda: False):
         times.append(time.monotonic())
@@ -187,7 +187,7 @@ class TurnEngine:
         for _ in range(int(frames)):
             if should_stop():
                 return
-            time.sleep(self.chunk_s)
+            time.sleep(self.chunk_s)  # the engine's work per chunk: the behaviour under test
             self.made.append(name)
             yield np.zeros(FRAME, np.float32)
 
