@@ -6,6 +6,7 @@ engine registered in every worker through the hidden ``--plugin`` flag.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -406,3 +407,62 @@ def test_without_engines_the_formats_of_this_machine_are_compared_auto_first() -
     if native.why_not_here() is None:
         assert engines == ["torch", "torch:quantization=int4", "torch:quantization=none"]
     assert default_engines("cuda")[0] == "torch" and "torch:dtype=fp32" in default_engines("cuda")
+
+
+class RecordingHost:
+    """A ``protocol.Host`` that records its calls; ``run`` fails on a text of "boom"."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def load(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append("load")
+        return {"info": {"engine": request["engine"]}}
+
+    def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append("run")
+        if request["text"] == "boom":
+            raise RuntimeError("engine failed")
+        return {"chunks": 1}
+
+    def close(self) -> dict[str, Any]:
+        self.calls.append("close")
+        return {}
+
+
+def test_the_protocol_answers_each_request_in_order_and_closes_at_the_end() -> None:
+    from s2s_daemon.bench.protocol import serve
+
+    host = RecordingHost()
+    lines = ['{"op": "load", "engine": "tone"}', "", '{"op": "run", "text": "hi"}', '{"op": "run", "text": "boom"}']
+    lines.append('{"op": "dance"}')
+    replies = io.StringIO()
+    assert serve(host, io.StringIO("\n".join(lines) + "\n"), replies) == 0
+    answers = [json.loads(line) for line in replies.getvalue().splitlines()]
+    assert answers == [
+        {"info": {"engine": "tone"}, "ok": True},
+        {"chunks": 1, "ok": True},
+        {"ok": False, "error": "engine failed", "error_type": "RuntimeError"},
+        {"ok": False, "error": "unknown op 'dance'", "error_type": "ValueError"},
+    ]
+    assert host.calls == ["load", "run", "run", "close"]  # stdin ended: closed as by "close"
+    host = RecordingHost()
+    assert serve(host, io.StringIO('{"op": "close"}\n{"op": "run", "text": "late"}\n'), io.StringIO()) == 0
+    assert host.calls == ["close"]  # answered, then the worker exits
+
+
+def test_both_workers_serve_the_one_protocol_loop() -> None:
+    """``reference_worker.py`` runs with another interpreter and imports nothing of ours: it loads
+    ``protocol.py`` by its path, as it would there (no copy of the loop of its own)."""
+    import importlib.util
+
+    from s2s_daemon.bench import protocol, worker
+
+    path = ROOT / "s2s_daemon" / "bench" / "reference_worker.py"
+    spec = importlib.util.spec_from_file_location("reference_worker_as_a_script", path)
+    assert spec is not None and spec.loader is not None
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    assert worker.serve is protocol.serve
+    assert reference.serve.__code__.co_filename == protocol.serve.__code__.co_filename
+    assert not [name for name in vars(reference) if name.startswith("s2s_daemon")]
