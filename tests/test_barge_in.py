@@ -23,6 +23,8 @@ from tests.support.pulse import (
 )
 from tests.support.wait import until
 
+pytestmark = pytest.mark.integration
+
 SITE = "kitchen"
 SAY = f"s2s/{SITE}/tts/say"
 MS_PER_CHAR = 40.0

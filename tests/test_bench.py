@@ -45,6 +45,7 @@ def config_named(document: dict[str, Any], label: str) -> dict[str, Any]:
     return matches[0]
 
 
+@pytest.mark.integration
 def test_two_configurations_interleaved_with_ratios_json_png_and_table(tmp_path: Path) -> None:
     json_path, png_path = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = run_bench(
@@ -122,6 +123,7 @@ def test_two_configurations_interleaved_with_ratios_json_png_and_table(tmp_path:
     assert "bench: " in proc.stderr and "(100%" in proc.stderr
 
 
+@pytest.mark.integration
 def test_failing_engine_is_an_error_row_and_the_others_run(tmp_path: Path) -> None:
     json_path = tmp_path / "bench.json"
     proc = run_bench(
@@ -149,6 +151,7 @@ def test_failing_engine_is_an_error_row_and_the_others_run(tmp_path: Path) -> No
     assert len(error_rows) == 1 and "ERROR" in error_rows[0]
 
 
+@pytest.mark.integration
 def test_a_failed_synthesis_is_counted_and_the_run_goes_on(tmp_path: Path) -> None:
     texts = tmp_path / "texts.txt"
     texts.write_text("# comment\nenglish\tHello there.\n\nthis one will #fail\n", encoding="utf-8")
@@ -166,6 +169,7 @@ def test_a_failed_synthesis_is_counted_and_the_run_goes_on(tmp_path: Path) -> No
     assert "2 runs failed" in proc.stdout
 
 
+@pytest.mark.integration
 def test_missing_reference_environment_is_an_error_row(tmp_path: Path) -> None:
     json_path = tmp_path / "bench.json"
     env = dict(os.environ)
@@ -187,6 +191,7 @@ def test_missing_reference_environment_is_an_error_row(tmp_path: Path) -> None:
     assert "qwen-tts" not in proc.stdout
 
 
+@pytest.mark.integration
 def test_sigterm_stops_the_benchmark_and_reports_what_was_measured(tmp_path: Path) -> None:
     """A slow configuration cut short: the finished runs are still in the table and the JSON."""
     json_path = tmp_path / "bench.json"
@@ -248,6 +253,7 @@ FAKE_QWEN_TTS = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 def test_reference_worker_speaks_the_protocol_and_is_marked_non_streaming(tmp_path: Path) -> None:
     """The reference worker runs with another interpreter; here ours, with a fake ``qwen_tts``."""
@@ -303,6 +309,7 @@ def test_engine_spec_parsing() -> None:
         parse_engine_spec(":dtype=bf16", "m", None, None)
 
 
+@pytest.mark.integration
 def test_bad_options_exit_78() -> None:
     proc = run_bench("--engine", "tone", "--runs", "0")
     assert proc.returncode == 78 and "--runs must be at least 1" in proc.stderr
@@ -310,6 +317,7 @@ def test_bad_options_exit_78() -> None:
     assert proc.returncode == 78 and "--texts" in proc.stderr
 
 
+@pytest.mark.integration
 def test_doc_publishes_the_table_with_its_command_on_the_page(tmp_path: Path) -> None:
     page = tmp_path / "performance.md"
     page.write_text("# Performance\n\nHand-written intro.\n", encoding="utf-8")
@@ -328,6 +336,7 @@ def test_doc_publishes_the_table_with_its_command_on_the_page(tmp_path: Path) ->
     assert "ratio to tone (below 1 is better)" in text
 
 
+@pytest.mark.integration
 def test_doc_with_malformed_markers_exits_78_before_the_first_run(tmp_path: Path) -> None:
     page = tmp_path / "performance.md"
     page.write_text("<!-- bench:bench -->\nno end\n", encoding="utf-8")
@@ -363,6 +372,7 @@ TINY_CUSTOM_VOICE = ROOT / "tests" / "fixtures" / "qwen3_tiny" / "custom_voice"
 """The committed tiny random checkpoint (``python -m s2s_daemon.tools.make_checkpoint --size tiny``)."""
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.mlx
 @pytest.mark.slow

@@ -26,6 +26,8 @@ from tests.support.daemon import DaemonProcess, write_config
 from tests.support.mqtt import BARRIER_ID, Recorder, recorder
 from tests.support.pulse import SPEAKER_RATE_HZ, SPEAKER_SINK, PulseServer, pulse_available
 
+pytestmark = pytest.mark.integration
+
 SAY = "s2s/kitchen/tts/say"
 
 

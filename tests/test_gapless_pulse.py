@@ -30,6 +30,8 @@ from tests.support.pulse import (
 )
 from tests.support.wait import until
 
+pytestmark = pytest.mark.integration
+
 WINDOW_S = 0.005
 SILENT_RMS = 0.01
 """The tone engine's sine has an RMS of 0.21; a 5 ms window below this is silence."""

@@ -33,6 +33,8 @@ from tests.support.daemon import DaemonProcess, write_config
 from tests.support.mqtt import Recorder, recorder
 from tests.support.wait import until_blocking
 
+pytestmark = pytest.mark.integration
+
 SAY = "s2s/kitchen/tts/say"
 HEALTH_BOUND_S = 1.0
 """The longest ``/health`` may take, whatever a hostile client does meanwhile."""

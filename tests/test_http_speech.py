@@ -103,6 +103,7 @@ async def speech_api(
         yield Api(rec, daemon, port)
 
 
+@pytest.mark.integration
 async def test_sdk_every_format_decodes_to_the_text_length(tmp_path: Path, mosquitto: Mosquitto) -> None:
     text = "The kettle has boiled, come and get your tea."
     async with speech_api(tmp_path, mosquitto) as api, api.client() as client:
@@ -122,6 +123,7 @@ async def test_sdk_every_format_decodes_to_the_text_length(tmp_path: Path, mosqu
         assert default.headers["content-type"] == "audio/mpeg"  # OpenAI's default format
 
 
+@pytest.mark.integration
 async def test_streaming_bytes_arrive_before_synthesis_ends(tmp_path: Path, mosquitto: Mosquitto) -> None:
     text = "x" * 100  # 4 s of audio, made in 1 s at speed 4
     fast = {"tts": {"options": {"speed": "4"}}}
@@ -146,6 +148,7 @@ async def test_streaming_bytes_arrive_before_synthesis_ends(tmp_path: Path, mosq
         assert (await api.rec.wait_finished([request_id]))[request_id]["status"] == "completed"
 
 
+@pytest.mark.integration
 async def test_sse_events_carry_the_audio_and_usage(tmp_path: Path, mosquitto: Mosquitto) -> None:
     text = "Server-sent events, one per chunk."
     async with speech_api(tmp_path, mosquitto, tts={"chunk_frames": 2}) as api, api.client() as client:
@@ -165,6 +168,7 @@ async def test_sse_events_carry_the_audio_and_usage(tmp_path: Path, mosquitto: M
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
+@pytest.mark.integration
 async def test_curl_gets_a_wav_whole_with_its_length_or_streamed_when_asked(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:
@@ -199,6 +203,7 @@ async def test_curl_gets_a_wav_whole_with_its_length_or_streamed_when_asked(
         assert float(seconds.stdout) == pytest.approx(tone_samples(text) / 24000, abs=0.001)
 
 
+@pytest.mark.integration
 async def test_a_whole_file_reports_its_first_audio_when_it_is_complete(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """Issue 41 item 6: a WAV or FLAC sent whole reaches its caller once all of it is made, so its
     first audio out (the latency event, hence ``s2s_first_audio_seconds``) is then, not at its first
@@ -231,6 +236,7 @@ async def test_a_whole_file_reports_its_first_audio_when_it_is_complete(tmp_path
     assert streamed["firstAudioOutMs"] < streamed["queuedMs"] + streamed["synthMs"], streamed
 
 
+@pytest.mark.integration
 async def test_a_whole_file_stopped_part_way_is_409_and_the_events_agree(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """Issue 41 item 7: a 30-sentence WAV (sent whole) stopped after a second of audio was made: its
     caller gets nothing, so the answer is 409 ``cancelled`` saying what happened, and the events say
@@ -259,6 +265,7 @@ async def test_a_whole_file_stopped_part_way_is_409_and_the_events_agree(tmp_pat
     assert rid not in {p["id"] for p in rec.payloads("/metrics/latency")}
 
 
+@pytest.mark.integration
 async def test_a_client_that_disconnects_frees_the_engine(tmp_path: Path, mosquitto: Mosquitto) -> None:
     real_time = {"tts": {"options": {"speed": "1"}}}  # 100 characters: 4 s of synthesis
     async with speech_api(tmp_path, mosquitto, **real_time) as api, api.client() as client:
@@ -279,6 +286,7 @@ async def test_a_client_that_disconnects_frees_the_engine(tmp_path: Path, mosqui
         assert finished[nxt.headers["x-request-id"]]["status"] == "completed"
 
 
+@pytest.mark.integration
 async def test_concurrent_requests_share_the_queue_with_mqtt(tmp_path: Path, mosquitto: Mosquitto) -> None:
     fast = {"tts": {"options": {"speed": "8"}}}
     texts = ["first of two requests", "the second request, a little longer"]
@@ -305,6 +313,7 @@ async def test_concurrent_requests_share_the_queue_with_mqtt(tmp_path: Path, mos
         assert 0 <= latency[ids[0]]["ttfaMs"] <= latency[ids[0]]["e2eMs"]
 
 
+@pytest.mark.integration
 async def test_errors_are_openai_error_json(tmp_path: Path, mosquitto: Mosquitto) -> None:
     speech = "/v1/audio/speech"
     good = {"model": "tts-1", "input": "hi", "voice": "alloy"}
@@ -358,6 +367,7 @@ def rejected(rec: Recorder) -> list[dict[str, Any]]:
     return [p for p in rec.payloads("/tts/finished") if p["status"] == "rejected"]
 
 
+@pytest.mark.integration
 async def test_models_voices_health_and_the_drain(tmp_path: Path, mosquitto: Mosquitto) -> None:
     fast = {"tts": {"options": {"speed": "4"}}}
     text = "w" * 50  # 2 s of audio, 0.5 s of synthesis
@@ -393,6 +403,7 @@ async def health_phase(http: aiohttp.ClientSession, phase: str) -> bool:
         return r.status == 200 and (await r.json())["phase"] == phase
 
 
+@pytest.mark.integration
 async def test_draining_refuses_new_speech_with_503(tmp_path: Path, mosquitto: Mosquitto) -> None:
     fast = {"tts": {"options": {"speed": "4"}}}
     refused: pytest.ExceptionInfo[openai.InternalServerError] | None = None
@@ -464,6 +475,7 @@ def test_requests_that_end_without_audio(
         assert answer.headers["x-should-retry"] == "false"  # the SDK must not say it again
 
 
+@pytest.mark.integration
 async def test_a_stream_that_fails_part_way_reaches_the_client_as_a_failure(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:
@@ -520,6 +532,7 @@ async def test_a_stream_that_fails_part_way_reaches_the_client_as_a_failure(
         assert {p["status"] for p in finished.values()} == {"error"}
 
 
+@pytest.mark.integration
 async def test_answers_name_no_paths_and_events_say_where_a_request_came_from(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:

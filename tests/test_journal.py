@@ -107,6 +107,7 @@ def test_uncommitted_writes_are_not_recovered_and_callbacks_follow_the_commit(tm
     assert [e.request.id for e in again.open().open] == ["a"]
 
 
+@pytest.mark.slow
 def test_one_daemon_per_journal(tmp_path: Path) -> None:
     first, _ = journal_at(tmp_path / "j.sqlite3")
     first.open()
@@ -282,6 +283,7 @@ def open_rows(journal: Path, table: str = "requests WHERE done = 0") -> int:
         db.close()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(("max_age_s", "after"), [(300, "completed"), (0, "expired")])
 async def test_sigkill_with_requests_queued_then_restart(
@@ -329,6 +331,7 @@ async def test_sigkill_with_requests_queued_then_restart(
         proc.cleanup()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 async def test_a_redelivered_finished_id_after_a_restart_is_a_duplicate(tmp_path: Path, mosquitto: Mosquitto) -> None:
     config = write_config(tmp_path / "d.yaml", mosquitto.port)
@@ -357,6 +360,7 @@ async def test_a_redelivered_finished_id_after_a_restart_is_a_duplicate(tmp_path
         proc.cleanup()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(90)
 async def test_broker_restart_mid_burst_answers_each_once(tmp_path: Path, persistent_mosquitto: Mosquitto) -> None:
     broker = persistent_mosquitto
@@ -394,6 +398,7 @@ async def test_broker_restart_mid_burst_answers_each_once(tmp_path: Path, persis
         proc.cleanup()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 async def test_an_unwritable_journal_stops_the_daemon_at_start(tmp_path: Path, mosquitto: Mosquitto) -> None:
     blocker = tmp_path / "a-file"

@@ -16,6 +16,8 @@ from tests.support.daemon import REPO, DaemonProcess, write_config
 from tests.support.mqtt import Recorder, recorder
 from tests.support.wait import until
 
+pytestmark = pytest.mark.integration
+
 SAY = "s2s/kitchen/tts/say"
 
 

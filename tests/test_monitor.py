@@ -77,6 +77,7 @@ def value(parsed: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str
 # -- a real daemon process, probed with curl while its model loads ---------------------------------
 
 
+@pytest.mark.integration
 async def test_probes_answer_while_the_model_loads_then_ready(tmp_path: Path, mosquitto: Mosquitto) -> None:
     gate = tmp_path / "loaded"  # the tone engine's load ends when this file exists
     monitor, api = free_port(), free_port()
@@ -116,6 +117,7 @@ async def test_probes_answer_while_the_model_loads_then_ready(tmp_path: Path, mo
         proc.cleanup()
 
 
+@pytest.mark.integration
 async def test_ready_follows_the_broker(tmp_path: Path, mosquitto: Mosquitto) -> None:
     port = free_port()
     config = write_config(
@@ -144,6 +146,7 @@ async def scrape(port: int) -> tuple[str, str]:
         return r.headers["Content-Type"], await r.text()
 
 
+@pytest.mark.integration
 async def test_metrics_count_what_the_requests_did(tmp_path: Path, mosquitto: Mosquitto) -> None:
     monitor, api = free_port(), free_port()
     config = write_config(
@@ -201,6 +204,7 @@ async def test_metrics_count_what_the_requests_did(tmp_path: Path, mosquitto: Mo
     assert families["s2s_queue_depth"] == "gauge" and families["s2s_journal_commit_seconds"] == "histogram"
 
 
+@pytest.mark.integration
 async def test_a_local_model_is_one_name_everywhere(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """Issue 41 item 13: a local checkpoint is its folder's name in ``info``, the latency event,
     ``s2s_build_info``, the page's status, ``/v1/models`` and Home Assistant's device: never its path."""
@@ -232,6 +236,7 @@ async def test_a_local_model_is_one_name_everywhere(tmp_path: Path, mosquitto: M
     assert str(tmp_path) not in json.dumps([info, latency, build, status, models, device])
 
 
+@pytest.mark.integration
 async def test_memory_has_a_figure_from_the_start(tmp_path: Path, mosquitto: Mosquitto) -> None:
     port = free_port()
     config = write_config(

@@ -18,6 +18,8 @@ from tests.support.broker import Mosquitto
 from tests.support.daemon import REPO, DaemonProcess, write_config
 from tests.support.mqtt import recorder
 
+pytestmark = pytest.mark.integration
+
 SAY = "s2s/kitchen/tts/say"
 POOL = "s2s/pool/tts/say"
 DYNSEC = Path("/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so")

@@ -124,6 +124,7 @@ async def run_until(link: MqttLink, condition: Callable[[], bool], timeout_s: fl
         await runner
 
 
+@pytest.mark.integration
 async def test_outbox_is_delivered_in_order_and_acknowledged(mosquitto: Mosquitto) -> None:
     n = 5 * PUBLISH_WINDOW
     async with recorder(mosquitto.port, subscribe=(TOPIC,)) as rec:
@@ -140,6 +141,7 @@ async def test_outbox_is_delivered_in_order_and_acknowledged(mosquitto: Mosquitt
     assert len(link.outbox) == 0
 
 
+@pytest.mark.integration
 async def test_unacknowledged_publishes_survive_a_broker_restart(tmp_path: Path) -> None:
     """Whatever the broker had not acknowledged goes back to the outbox and is sent again
     after the reconnect: every message arrives at least once, none is lost.
@@ -182,6 +184,7 @@ async def test_unacknowledged_publishes_survive_a_broker_restart(tmp_path: Path)
         broker.stop()
 
 
+@pytest.mark.integration
 async def test_requests_queued_while_away_arrive_in_order(mosquitto: Mosquitto) -> None:
     """A persistent session delivers what was published while the link was away right
     after the CONNACK, before the subscriptions are even confirmed: nothing is lost and
@@ -208,6 +211,7 @@ async def test_requests_queued_while_away_arrive_in_order(mosquitto: Mosquitto) 
     assert got == [str(i).encode() for i in range(n)]
 
 
+@pytest.mark.integration
 async def test_a_message_paho_refuses_is_dropped_and_the_link_keeps_going(mosquitto: Mosquitto) -> None:
     """A topic paho cannot publish to (a v5 response topic with a wildcard comes from a client)
     must neither crash the link nor block the outbox behind it."""
@@ -223,6 +227,7 @@ async def test_a_message_paho_refuses_is_dropped_and_the_link_keeps_going(mosqui
         await runner
 
 
+@pytest.mark.integration
 async def test_a_message_is_acknowledged_only_once_its_owner_says_so(persistent_mosquitto: Mosquitto) -> None:
     """Without ``ack()`` the broker keeps a QoS 1 request and sends it again on the next
     connection of the session; once acknowledged, it is gone."""
@@ -257,6 +262,7 @@ async def test_a_message_is_acknowledged_only_once_its_owner_says_so(persistent_
     assert await run_until_marked(check, lambda: [m.payload for m in last], port) == expected[1:]
 
 
+@pytest.mark.integration
 async def test_a_handler_that_raises_neither_stops_the_intake_nor_wedges_the_session(mosquitto: Mosquitto) -> None:
     """``auto_ack``: a message is acknowledged once its handler returned or raised (a bug
     must not make the broker resend it forever); the next ones are still handled."""
@@ -282,6 +288,7 @@ async def test_a_handler_that_raises_neither_stops_the_intake_nor_wedges_the_ses
     assert await run_until_marked(link, lambda: again, mosquitto.port) == [], "acknowledged messages came again"
 
 
+@pytest.mark.integration
 async def test_the_inbox_is_bounded_and_loses_nothing(mosquitto: Mosquitto) -> None:
     """A burst larger than the inbox, a slow handler: the socket stops being read at
     ``inbox_size`` (back-pressure), every message is handled once, in order.
@@ -326,6 +333,7 @@ async def test_the_inbox_is_bounded_and_loses_nothing(mosquitto: Mosquitto) -> N
     assert max(depths) < size + PUBLISH_WINDOW
 
 
+@pytest.mark.slow
 async def test_connecting_never_blocks_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Name lookup, TCP connect and the TLS handshake (all blocking in paho) run in a
     thread: a broker that accepts and then says nothing stalls the link, not the loop."""

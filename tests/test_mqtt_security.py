@@ -16,6 +16,8 @@ from tests.support.daemon import DaemonProcess, daemon_in_process, write_config
 from tests.support.mqtt import recorder
 from tests.support.wait import until
 
+pytestmark = pytest.mark.integration
+
 SAY = "s2s/kitchen/tts/say"
 
 

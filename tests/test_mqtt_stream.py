@@ -18,6 +18,8 @@ from tests.support.broker import Mosquitto
 from tests.support.daemon import DaemonProcess, daemon_in_process, write_config
 from tests.support.mqtt import Recorder, recorder
 
+pytestmark = pytest.mark.integration
+
 SAY = "s2s/kitchen/tts/say"
 STREAM = "s2s/kitchen/tts/stream"
 STOP = "s2s/kitchen/tts/stop"

@@ -20,6 +20,8 @@ from tests.support.mqtt import recorder
 from tests.support.wait import until
 from tests.test_mqtt_security import make_tls
 
+pytestmark = pytest.mark.integration
+
 SAY = "s2s/kitchen/tts/say"
 
 

@@ -38,6 +38,7 @@ def _python(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.integration
 def test_the_key_is_stable_across_calls_and_processes() -> None:
     assert native.build_key() == native.build_key()
     done = _python("-c", "from s2s_daemon.tts.torch_qwen3 import native; print(native.build_folder())")
@@ -140,6 +141,7 @@ def test_a_build_is_announced_and_timed_and_a_built_folder_is_not(
     assert [entry["event"] for entry in logs] == ["native_kernels_cached"]
 
 
+@pytest.mark.integration
 def test_a_second_process_loads_the_build_without_compiling() -> None:
     if native.why_not_here() is not None:
         pytest.skip(f"native kernels cannot run here: {native.why_not_here()}")
@@ -153,6 +155,7 @@ def test_a_second_process_loads_the_build_without_compiling() -> None:
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir() if p.suffix in (".so", ".o")} == before
 
 
+@pytest.mark.integration
 def test_the_prebuild_exits_0_and_says_why_without_a_compiler() -> None:
     done = _python("-m", "s2s_daemon.tts.torch_qwen3.native", CXX="/nonexistent/c++")
     assert done.returncode == 0, done.stderr

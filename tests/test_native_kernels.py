@@ -356,6 +356,7 @@ def test_native_row_limit_keeps_the_blocked_product_where_the_blas_is_slower(
     assert native_row_limit(ext, torch.randn(64, 64)) == ext.MAX_BLOCKED_ROWS
 
 
+@pytest.mark.slow
 def test_the_kernels_let_go_of_the_gil(ext: Any) -> None:
     """A long native call (a prefill, a decoder chunk) must not freeze the event loop: stops, MQTT,
     signals (a second Ctrl-C) and the watchdog run beside it. Holding the GIL, the ticker below ticked
@@ -395,6 +396,7 @@ def test_the_kernels_let_go_of_the_gil(ext: Any) -> None:
     assert inside >= 100 * (ended - began), f"{inside} ticks in {ended - began:.2f} s of a native call"
 
 
+@pytest.mark.slow
 def test_the_kernels_release_the_gil(ext: Any) -> None:
     """A long product on one thread leaves the interpreter to the others (the event loop, a codec
     push on its own thread): the main thread runs Python code while the product is still running.

@@ -191,6 +191,7 @@ def wait_for(
     pytest.fail(f"no such notification within {timeout_s} s; got {[d.fields for d in seen]}\n{log.read_text()[-4000:]}")
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_daemon_sends_ready_watchdog_stopping_in_order(
     notify_socket: tuple[socket.socket, str], broker: str, tmp_path: Path

@@ -269,6 +269,7 @@ async def test_an_untaken_hand_back_is_kept_with_the_journal_and_cancelled_witho
 # -- three daemons, one stopped -----------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(90)
 async def test_a_stopped_pool_member_hands_its_requests_to_the_others(tmp_path: Path, mosquitto: Mosquitto) -> None:
     sites = ("a", "b", "c")
@@ -349,6 +350,7 @@ def _latest_status(rec: Recorder) -> dict[str, bytes]:
     return latest
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_a_watcher_on_the_pool_topic_loses_no_hand_back(tmp_path: Path, mosquitto: Mosquitto) -> None:

@@ -21,6 +21,8 @@ from tests.support.broker import free_port
 from tests.support.daemon import REPO, DaemonProcess, write_config
 from tests.support.wait import until
 
+pytestmark = pytest.mark.integration
+
 BASE: dict[str, Any] = {"mqtt": {"broker": "external"}, "journal": {"enabled": False}, "audio": {"sink": "discard"}}
 
 

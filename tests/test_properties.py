@@ -59,6 +59,7 @@ def test_any_bytes_are_a_request_or_a_coded_rejection(payload: bytes) -> None:
     check_parsed(payload)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(say_objects)
 def test_any_json_object_is_a_request_or_a_coded_rejection(data: dict[str, Any]) -> None:

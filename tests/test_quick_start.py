@@ -22,7 +22,7 @@ from tests.support.broker import free_port, wait_port
 from tests.support.daemon import REPO
 from tests.support.wait import until_blocking
 
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.timeout(120)]
 
 TINY = REPO / "tests" / "fixtures" / "qwen3_tiny" / "custom_voice"
 

@@ -14,7 +14,7 @@ import yaml
 
 from tests.support.daemon import REPO
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
 def start(tmp_path: Path, out: Path) -> subprocess.Popen[bytes]:

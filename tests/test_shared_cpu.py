@@ -32,7 +32,7 @@ KEEPS = 0.3
 SETTLE_S = 6.0
 """Time for the engine's watch to see the neighbours (a reading a second) and a frame to end."""
 
-pytestmark = [pytest.mark.torch, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 
 
 async def _frames_per_s(rec: Recorder, prefix: str) -> list[float]:

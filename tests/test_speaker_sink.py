@@ -109,6 +109,7 @@ async def speaker(pulse_server: PulseServer) -> AsyncIterator[SpeakerSink]:  # n
 # --- real playback --------------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(60)
 async def test_streamed_utterance_plays_intact_without_underruns(
@@ -143,6 +144,7 @@ async def test_streamed_utterance_plays_intact_without_underruns(
     assert stats.callback_p99_ms < stats.period_ms
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(60)
 async def test_slow_engine_underruns_are_counted(
@@ -166,6 +168,7 @@ async def test_slow_engine_underruns_are_counted(
     )
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(60)
 async def test_volume_scales_the_output(
@@ -181,6 +184,7 @@ async def test_volume_scales_the_output(
     assert ratio == pytest.approx(0.5, rel=0.03)
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(60)
 async def test_cancel_flushes_within_one_period_and_the_sink_plays_on(
@@ -220,6 +224,7 @@ async def test_cancel_flushes_within_one_period_and_the_sink_plays_on(
     assert peak > 0.99
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(60)
 async def test_missing_device_is_an_audio_error_with_backoff(
@@ -235,6 +240,7 @@ async def test_missing_device_is_an_audio_error_with_backoff(
     await sink.close()
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(90)
 async def test_device_lost_mid_utterance_is_an_audio_error_then_reopens(
@@ -458,6 +464,7 @@ def test_devices_subcommand(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     assert args.func(args) == 69
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 def test_devices_lists_the_pulse_device(pulse_server: PulseServer) -> None:  # noqa: F811  (fixture)
     names = [d.name for d in devices_module.list_devices()]

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from s2s_daemon.app import Daemon
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import DiscardSink
@@ -175,6 +177,7 @@ async def held(rec: Recorder, daemon: Daemon, rid: str) -> None:
     await until(lambda: rid in jobs and jobs[rid].timeline.chunks >= 2, 10, "two chunks made")
 
 
+@pytest.mark.integration
 async def test_a_stop_or_an_interrupt_while_prebuffering_is_cancelled_unheard(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -193,6 +196,7 @@ async def test_a_stop_or_an_interrupt_while_prebuffering_is_cancelled_unheard(
         assert fin["urgent"]["status"] == "completed"
 
 
+@pytest.mark.integration
 async def test_a_drain_that_times_out_while_prebuffering_is_cancelled_unheard(
     tmp_path: Path,
     mosquitto: Mosquitto,

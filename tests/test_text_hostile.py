@@ -106,6 +106,7 @@ TOKENS = [
 ]
 
 
+@pytest.mark.slow
 def test_any_mix_in_any_deltas_is_spoken_as_the_whole_and_never_raises() -> None:
     """Two thousand texts of Markdown's marks, numbers, addresses, emoji and scripts in random
     order, with random options and languages, each streamed in random deltas."""

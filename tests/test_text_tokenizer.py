@@ -80,6 +80,7 @@ def test_a_malformed_tokenizer_json_is_a_checkpoint_error(tmp_path: Path) -> Non
         engine._load_tokenizer(tmp_path)
 
 
+@pytest.mark.integration
 def test_the_engine_loads_and_speaks_without_importing_transformers() -> None:
     """Made as the daemon makes it (the registry checks the torch extra's packages)."""
     code = (

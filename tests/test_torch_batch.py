@@ -157,6 +157,7 @@ async def _collect(worker: EngineWorker, request: SynthesisRequest, stop_after: 
     return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
 
 
+@pytest.mark.slow
 async def test_worker_streams_together_give_each_requests_audio(fp32: TorchQwen3Engine) -> None:
     """Through the daemon's path: more streams than fit in a batch, all at once; each gets the
     audio it gets alone; and they overlap (the second's first chunk comes before the first ends)."""

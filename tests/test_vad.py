@@ -79,6 +79,7 @@ def assert_matches(events: list[VadEvent], truth: list[tuple[float, float]], tol
 # --- the detector on real speech, offline -------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("aggressiveness", "frame_ms"), [(2, 20), (3, 10), (3, 30), (1, 20)])
 @pytest.mark.parametrize("noise_rms", [0.0, NOISE_RMS])
 def test_detector_finds_speech_in_silence_and_noise(
@@ -263,6 +264,7 @@ async def run_stage_while_playing(
     return events, audio, times, stage.dropped
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("noise_rms", [0.0, NOISE_RMS], ids=["silence", "noise"])
@@ -299,6 +301,7 @@ async def test_stage_detects_real_speech_on_the_microphone(
     assert_matches(events, truth_mono)
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(60)
 async def test_stage_is_quiet_on_real_silence_and_steady_noise(
@@ -323,6 +326,7 @@ async def wait_frames(stage: VadStage, count: int, timeout_s: float) -> None:
     await until(lambda: stage.frames >= count, timeout_s, f"{count} frames fed")
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(90)
 async def test_stage_survives_losing_the_microphone(

@@ -309,6 +309,7 @@ def test_a_designed_voice_speaks_its_instruction(tmp_path: Path, one_thread: Non
 # -- MQTT, the daemon in process ----------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.timeout(300)
 async def test_mqtt_say_speaks_a_library_voice(tmp_path: Path, mosquitto: Any, monkeypatch: pytest.MonkeyPatch) -> None:

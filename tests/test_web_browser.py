@@ -50,7 +50,7 @@ NOTHING_YET = "\u2013"
 WAIT_S = 60.0
 """Longest wait for the page to show something (a busy box runs the engine slowly)."""
 
-pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(300)]
 
 
 def _browser_or_skip() -> None:

@@ -113,6 +113,7 @@ async def _speaker_and_caller(
     return spoken, heard
 
 
+@pytest.mark.slow
 async def test_on_a_slow_engine_the_speaker_runs_alone_and_the_caller_after_it() -> None:
     # 80 ms of audio per 120 ms step: slower than real time. The caller arrives mid-utterance;
     # its audio must come after the speaker's (stall timeout shorter than its wait: no failure).
@@ -123,6 +124,7 @@ async def test_on_a_slow_engine_the_speaker_runs_alone_and_the_caller_after_it()
     assert caller[0] > speaker[-1]
 
 
+@pytest.mark.slow
 async def test_on_a_slow_engine_a_caller_already_open_waits_while_the_speaker_runs() -> None:
     # The caller began first; once the speaker's request is open, the caller is out of the steps
     # until the speaker's last frame, then goes on where it was.
@@ -198,6 +200,7 @@ class TurnEngine:
         return None
 
 
+@pytest.mark.slow
 async def test_taking_turns_on_a_slow_engine_the_caller_waits_for_the_speaker() -> None:
     engine = TurnEngine(chunk_s=0.12)
     speaker, caller = await _speaker_and_caller(engine, 10, 3, delay_s=0.3, stall_timeout_s=0.6)
@@ -205,6 +208,7 @@ async def test_taking_turns_on_a_slow_engine_the_caller_waits_for_the_speaker() 
     assert engine.made == ["speaker"] * 10 + ["caller"] * 3  # no turn of the caller's in between
 
 
+@pytest.mark.slow
 async def test_taking_turns_on_a_fast_engine_the_caller_gets_turns_once_the_speaker_is_ahead() -> None:
     engine = TurnEngine(chunk_s=0.01)
     speaker, caller = await _speaker_and_caller(engine, 150, 10, delay_s=0.05, stall_timeout_s=5)

@@ -152,6 +152,7 @@ def test_sentences_are_cut_at_their_ends_only() -> None:
 # -- the protocol ------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_describe_lists_the_voices_and_streaming(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with daemon(tmp_path, mosquitto) as d, AsyncTcpClient("127.0.0.1", d.port) as client:
         await client.write_event(Describe().event())
@@ -166,6 +167,7 @@ async def test_describe_lists_the_voices_and_streaming(tmp_path: Path, mosquitto
         assert all(v.installed and v.languages == ["en", "zh", "de"] for v in program.voices)
 
 
+@pytest.mark.integration
 async def test_synthesize_streams_audio_as_it_is_made(tmp_path: Path, mosquitto: Mosquitto) -> None:
     text = "The kettle is boiling now."  # 26 characters: 1.04 s of tone
     async with daemon(tmp_path, mosquitto, {"speed": "1", "ms_per_char": "40"}) as d:
@@ -190,6 +192,7 @@ async def test_synthesize_streams_audio_as_it_is_made(tmp_path: Path, mosquitto:
         assert fin[0]["origin"] == lat[0]["origin"] == "wyoming" and lat[0]["output"] == "caller"
 
 
+@pytest.mark.integration
 async def test_streamed_text_comes_back_one_group_per_sentence(tmp_path: Path, mosquitto: Mosquitto) -> None:
     sentences = ["Hi there.", "This one is a bit longer!", "And the third sentence is the longest of them?"]
     message = " ".join(sentences)
@@ -222,6 +225,7 @@ async def test_streamed_text_comes_back_one_group_per_sentence(tmp_path: Path, m
     assert len({p["sessionId"] for p in fin.values()}) == 1  # one stream, one session
 
 
+@pytest.mark.integration
 async def test_a_client_that_leaves_frees_the_engine(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with daemon(tmp_path, mosquitto, {"speed": "1", "ms_per_char": "400"}) as d:
         async with AsyncTcpClient("127.0.0.1", d.port) as first:
@@ -240,6 +244,7 @@ async def test_a_client_that_leaves_frees_the_engine(tmp_path: Path, mosquitto: 
         assert statuses[0] == "completed" and statuses[1] in ("interrupted", "cancelled"), fin
 
 
+@pytest.mark.integration
 async def test_bad_requests_get_an_error_and_the_server_carries_on(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async def exchange(port: int, *events: Event | bytes) -> Answer:
         async with AsyncTcpClient("127.0.0.1", port) as client:
@@ -280,6 +285,7 @@ async def test_bad_requests_get_an_error_and_the_server_carries_on(tmp_path: Pat
         assert rejected() == ["empty_text", "text_too_long"]
 
 
+@pytest.mark.integration
 async def test_drain_finishes_the_running_synthesis(tmp_path: Path, mosquitto: Mosquitto) -> None:
     text = "x" * 25  # one second of audio at real time
     port = free_port()
@@ -308,6 +314,7 @@ async def test_drain_finishes_the_running_synthesis(tmp_path: Path, mosquitto: M
         await until(refused, 5, "the listener closed")  # no longer accepting
 
 
+@pytest.mark.integration
 async def test_a_taken_port_is_unavailable(tmp_path: Path, mosquitto: Mosquitto) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -321,6 +328,7 @@ async def test_a_taken_port_is_unavailable(tmp_path: Path, mosquitto: Mosquitto)
             await asyncio.wait_for(Daemon(load_config(path, environ={})).run(), 10)
 
 
+@pytest.mark.integration
 def test_enabled_without_the_package_exits_69_naming_the_extra(tmp_path: Path) -> None:
     shim = tmp_path / "shim"
     shim.mkdir()
@@ -354,6 +362,7 @@ def multicast_route() -> bool:
     return True
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not multicast_route(), reason="no IPv4 route for mDNS multicast (224.0.0.251) on this host")
 async def test_zeroconf_advertises_the_server(tmp_path: Path, mosquitto: Mosquitto) -> None:
     from zeroconf import ServiceStateChange, Zeroconf
