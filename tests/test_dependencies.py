@@ -12,6 +12,8 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("s2s_daemon", "tests", "scripts")
 
@@ -51,6 +53,7 @@ def sources() -> Iterator[Path]:
         yield from sorted((ROOT / folder).rglob("*.py"))
 
 
+@pytest.mark.slow
 def test_every_imported_package_is_declared() -> None:
     ours = {path.stem for path in ROOT.glob("*/__init__.py")} | {"s2s_daemon", "tests", "scripts"}
     ours |= {path.stem for path in (ROOT / "scripts").glob("*.py")}  # scripts import their neighbours

@@ -109,6 +109,7 @@ async def test_an_engine_thread_that_never_returns_wedges_the_worker_once() -> N
         engine.release.set()
 
 
+@pytest.mark.slow
 async def test_a_stream_waiting_behind_the_stuck_thread_ends_when_it_is_declared_wedged() -> None:
     engine = HangingEngine()
     worker = EngineWorker(engine, stall_timeout_s=0.5)  # type: ignore[arg-type]

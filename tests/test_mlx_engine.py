@@ -271,6 +271,7 @@ def test_voice_and_language_are_validated_with_the_protocol_error_codes(cv_engin
     np.testing.assert_array_equal(default, _audio(cv_engine, _request(voice=first_voice, chunk_frames=MAX_FRAMES)))
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 def test_mlx_work_stays_on_the_loading_thread(cv_engine: MlxQwen3Engine) -> None:
     errors: list[BaseException] = []
@@ -528,6 +529,7 @@ def test_both_decoders_give_the_same_waveform_for_the_same_codes(engines: tuple[
     np.testing.assert_allclose(mlx_streamed, reference, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.torch
 def test_both_talkers_build_the_same_prompt_and_logits(engines: tuple[Any, MlxQwen3Engine]) -> None:
@@ -547,6 +549,7 @@ def test_both_talkers_build_the_same_prompt_and_logits(engines: tuple[Any, MlxQw
         np.testing.assert_allclose(np.array(mlx_logits[:, -1]), torch_logits.numpy(), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.torch
 def test_greedy_codes_agree_on_the_first_frames(
@@ -597,6 +600,7 @@ def test_frame_budget_matches_the_rule(tmp_path: Path) -> None:
     assert math.isclose(chunk_interval_s(4) * FRAME_RATE_HZ, 4.5)
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 def test_a_qwen_id_is_fetched_as_the_mlx_community_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Offline and with an empty cache the fetch fails, and says which repo it looked for."""

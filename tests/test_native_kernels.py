@@ -43,6 +43,7 @@ def _linear(n: int, k: int, bias: bool, seed: int = 0) -> nn.Linear:
     return layer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
 def test_packing_error_is_within_half_a_step(ext: Any, fmt: str) -> None:
     layer = _linear(48, 256, bias=False)

@@ -83,6 +83,7 @@ class _Quiet:
         return None
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.binary(max_size=200) | say_objects.map(lambda d: json.dumps(d).encode()))
 def test_any_stop_payload_is_handled_or_logged(payload: bytes) -> None:
@@ -108,6 +109,7 @@ config_trees = st.dictionaries(
 ENV_KEYS = ["S2S_MQTT__PORT", "S2S_TTS__CHUNK_FRAMES", "S2S_QUEUE__MAX_PENDING", "S2S_LOG__LEVEL", "S2S_MQTT__PROT"]
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(config_trees)
 def test_any_config_loads_or_names_the_key(tree: dict[str, Any]) -> None:

@@ -254,6 +254,7 @@ def test_decode_matches_official_waveform(tiny_decoder: CodecDecoder) -> None:
     assert (out - wav).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", [1, 4, 7])
 def test_streamed_decode_matches_official_waveform(tiny_decoder: CodecDecoder, chunk: int) -> None:
     """Streaming in chunks of 1, 4 and 7 frames: equal to the official one-shot waveform within 1e-5."""

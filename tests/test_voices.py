@@ -222,6 +222,7 @@ class _Counted:
             monkeypatch.setattr(encoder, method, counted)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ref_text", [REF_TEXT, None], ids=["icl", "xvector"])
@@ -358,6 +359,7 @@ async def test_mqtt_say_speaks_a_library_voice(tmp_path: Path, mosquitto: Any, m
     assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 2  # alice (ICL), carol (x-vector)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.timeout(300)
 def test_say_command_speaks_a_library_voice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:

@@ -137,6 +137,7 @@ async def test_on_a_slow_engine_a_caller_already_open_waits_while_the_speaker_ru
     assert caller[-1] > speaker[-1]
 
 
+@pytest.mark.slow
 async def test_without_pacing_the_caller_shares_the_speakers_steps() -> None:
     # The same two requests, neither paced: the batch takes the caller in at once (what the
     # first test rules out, so that test can tell).
@@ -145,6 +146,7 @@ async def test_without_pacing_the_caller_shares_the_speakers_steps() -> None:
     assert any(names == {"speaker", "caller"} for _, names in engine.steps)
 
 
+@pytest.mark.slow
 async def test_on_a_fast_engine_the_caller_joins_once_the_speaker_is_far_enough_ahead() -> None:
     # 80 ms of audio per 10 ms step: the speaker's lead grows by 7 s a second; the caller is
     # opened once the lead covers LEAD_S and a prefill, then shares the speaker's steps.
