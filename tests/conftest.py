@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import atexit
 import os
+import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -89,3 +91,78 @@ def torch_one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# -- the fast tier starts no process ----------------------------------------------------------------
+# `scripts/test --fast` runs the tests without the marks below (docs/development.md, "Test tiers").
+# A test that starts a process (the daemon, mosquitto, PulseAudio, chromium, a CLI, any tool) is
+# marked `integration` (or `browser`, `container`); an unmarked one that starts one fails here, in
+# every run, naming the mark. Setup and teardown count: a fixture's process is its test's.
+
+PROCESS_MARKS = ("integration", "browser", "container")
+PROBES = {("ninja", "--version"), ("ldconfig", "-p")}
+"""What libraries run on their own to look around, allowed: torch's extension loader asks for ninja's
+version each time it loads our native kernels (built or not), ``ctypes.util.find_library`` asks
+ldconfig (PortAudio's, asound's)."""
+
+
+def _refuse_processes(item: pytest.Item) -> Callable[[], None]:
+    """Make starting a process fail ``item``; returns the undo."""
+
+    def refuse(what: object) -> None:
+        pytest.fail(
+            f"{item.nodeid} starts a process ({what!r}) but is not marked integration (or browser, container): "
+            "mark it, or keep it in the fast tier without the process (docs/development.md, Test tiers)"
+        )
+
+    def popen(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        argv = [str(arg) for arg in args] if isinstance(args, list | tuple) else [str(args)]
+        if (os.path.basename(argv[0]), *argv[1:]) in PROBES:
+            popen_init(self, args, *rest, **kwargs)
+            return
+        refuse(args)
+
+    def starter(name: str) -> Callable[..., Any]:
+        def start(*args: Any, **kwargs: Any) -> Any:
+            refuse(f"os.{name}{args[:2]!r}")
+
+        return start
+
+    popen_init = subprocess.Popen.__init__
+    saved: list[tuple[object, str, object]] = [(subprocess.Popen, "__init__", popen_init)]
+    subprocess.Popen.__init__ = popen  # type: ignore[method-assign]
+    for name in ("fork", "system", "posix_spawn", "posix_spawnp"):
+        if hasattr(os, name):
+            saved.append((os, name, getattr(os, name)))
+            setattr(os, name, starter(name))
+
+    def undo() -> None:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+    return undo
+
+
+def _guarded(item: pytest.Item) -> Generator[None, object, object]:
+    if any(item.get_closest_marker(mark) for mark in PROCESS_MARKS):
+        return (yield)
+    undo = _refuse_processes(item)
+    try:
+        return (yield)
+    finally:
+        undo()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    return (yield from _guarded(item))

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from tests.support.broker import Mosquitto
@@ -20,10 +21,20 @@ from tests.support.pulse import (
     espeak_speech,
     pulse_server,  # noqa: F401  (fixture)
 )
+from tests.support.wait import until
+
+pytestmark = pytest.mark.integration
 
 SITE = "kitchen"
 SAY = f"s2s/{SITE}/tts/say"
 MS_PER_CHAR = 40.0
+
+
+def loud(recording: npt.NDArray[np.float32]) -> float:
+    """Seconds of the speaker's recording that are loud (the tone, not the silence around it)."""
+    return int(np.count_nonzero(np.abs(recording) > 0.05)) / SPEAKER_RATE_HZ
+
+
 """The tone engine's audio per character."""
 
 
@@ -61,7 +72,7 @@ async def test_speech_on_the_microphone_interrupts_the_daemon(
             text = "y" * 200  # 8 s of tone
             await rec.say(SAY, {"id": "long", "text": text})
             await rec.wait_for(lambda: [p for p in rec.payloads("/tts/started") if p["id"] == "long"], 15)
-            await asyncio.sleep(1.0)
+            await until(lambda: loud(monitor.samples()) >= 0.6, 15, "0.6 s of it heard", interval_s=0.05)
             player = pulse_server.play_into_mic(speech)
             done = await rec.wait_finished(["long"], 10)
             await asyncio.to_thread(player.wait, 30)
@@ -74,11 +85,12 @@ async def test_speech_on_the_microphone_interrupts_the_daemon(
             assert 0 <= finished["ts"] - started[0]["ts"] < 700
             assert finished["audioMs"] < len(text) * MS_PER_CHAR * 0.5
             await rec.wait_for(lambda: rec.payloads("/vad/speech_stopped"), 10)
-            await asyncio.sleep(0.5)
+            end = monitor.seconds()
+            await until(lambda: monitor.seconds() >= end + 0.5, 10, "0.5 s more recorded")
             recording = await asyncio.to_thread(monitor.stop)
             monitor = None
             # What reached the speaker: the tone stopped long before its 8 s.
-            loud_s = np.count_nonzero(np.abs(recording) > 0.05) / SPEAKER_RATE_HZ
+            loud_s = loud(recording)
             assert 0.5 < loud_s < 4.0
             daemon.signal(__import__("signal").SIGTERM)
             assert await daemon.wait(30) == 0

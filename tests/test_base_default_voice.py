@@ -19,7 +19,7 @@ from tests.support.broker import Mosquitto, free_port
 from tests.support.daemon import daemon_in_process, write_config
 from tests.support.mqtt import recorder
 
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.timeout(300)]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tiny"
 BASE = FIXTURES / "base"

@@ -6,13 +6,14 @@ engine registered in every worker through the hidden ``--plugin`` flag.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ def config_named(document: dict[str, Any], label: str) -> dict[str, Any]:
     return matches[0]
 
 
+@pytest.mark.integration
 def test_two_configurations_interleaved_with_ratios_json_png_and_table(tmp_path: Path) -> None:
     json_path, png_path = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = run_bench(
@@ -121,6 +123,7 @@ def test_two_configurations_interleaved_with_ratios_json_png_and_table(tmp_path:
     assert "bench: " in proc.stderr and "(100%" in proc.stderr
 
 
+@pytest.mark.integration
 def test_failing_engine_is_an_error_row_and_the_others_run(tmp_path: Path) -> None:
     json_path = tmp_path / "bench.json"
     proc = run_bench(
@@ -148,6 +151,7 @@ def test_failing_engine_is_an_error_row_and_the_others_run(tmp_path: Path) -> No
     assert len(error_rows) == 1 and "ERROR" in error_rows[0]
 
 
+@pytest.mark.integration
 def test_a_failed_synthesis_is_counted_and_the_run_goes_on(tmp_path: Path) -> None:
     texts = tmp_path / "texts.txt"
     texts.write_text("# comment\nenglish\tHello there.\n\nthis one will #fail\n", encoding="utf-8")
@@ -165,6 +169,7 @@ def test_a_failed_synthesis_is_counted_and_the_run_goes_on(tmp_path: Path) -> No
     assert "2 runs failed" in proc.stdout
 
 
+@pytest.mark.integration
 def test_missing_reference_environment_is_an_error_row(tmp_path: Path) -> None:
     json_path = tmp_path / "bench.json"
     env = dict(os.environ)
@@ -186,16 +191,19 @@ def test_missing_reference_environment_is_an_error_row(tmp_path: Path) -> None:
     assert "qwen-tts" not in proc.stdout
 
 
+@pytest.mark.integration
 def test_sigterm_stops_the_benchmark_and_reports_what_was_measured(tmp_path: Path) -> None:
     """A slow configuration cut short: the finished runs are still in the table and the JSON."""
     json_path = tmp_path / "bench.json"
     command = [sys.executable, "-m", "s2s_daemon.bench", "--plugin", PLUGIN, "--model", "tone-model"]
     command += ["--engine", "tone:speed=4", "--texts", "long", "--runs", "50", "--warmup", "0"]
-    command += ["--json", str(json_path), "--no-progress"]
+    command += ["--json", str(json_path)]  # progress on stderr: a line per tenth of the steps
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        # A long text (~9 s of audio) at 4x real time takes ~2.3 s: a few finish within 8 s.
-        time.sleep(8)
+        assert proc.stderr is not None
+        for line in proc.stderr:  # bounded by the test's timeout
+            if re.search(r"\) run \d+/50 ", line):  # the first such line comes after a few runs
+                break
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -239,12 +247,13 @@ FAKE_QWEN_TTS = textwrap.dedent(
             assert kwargs["do_sample"] is False and kwargs["subtalker_dosample"] is False
             assert speaker in ("ryan", "vivian") and language in ("auto", "english", "german")
             frames = kwargs.get("max_new_tokens", 2048) - 1  # as the official package does when capped
-            time.sleep(0.01)
+            time.sleep(0.01)  # its synthesis time (the test asserts it is measured)
             return [np.zeros(frames * 1920, dtype=np.float32)], 24000
     '''
 )
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 def test_reference_worker_speaks_the_protocol_and_is_marked_non_streaming(tmp_path: Path) -> None:
     """The reference worker runs with another interpreter; here ours, with a fake ``qwen_tts``."""
@@ -300,6 +309,7 @@ def test_engine_spec_parsing() -> None:
         parse_engine_spec(":dtype=bf16", "m", None, None)
 
 
+@pytest.mark.integration
 def test_bad_options_exit_78() -> None:
     proc = run_bench("--engine", "tone", "--runs", "0")
     assert proc.returncode == 78 and "--runs must be at least 1" in proc.stderr
@@ -307,6 +317,7 @@ def test_bad_options_exit_78() -> None:
     assert proc.returncode == 78 and "--texts" in proc.stderr
 
 
+@pytest.mark.integration
 def test_doc_publishes_the_table_with_its_command_on_the_page(tmp_path: Path) -> None:
     page = tmp_path / "performance.md"
     page.write_text("# Performance\n\nHand-written intro.\n", encoding="utf-8")
@@ -325,6 +336,7 @@ def test_doc_publishes_the_table_with_its_command_on_the_page(tmp_path: Path) ->
     assert "ratio to tone (below 1 is better)" in text
 
 
+@pytest.mark.integration
 def test_doc_with_malformed_markers_exits_78_before_the_first_run(tmp_path: Path) -> None:
     page = tmp_path / "performance.md"
     page.write_text("<!-- bench:bench -->\nno end\n", encoding="utf-8")
@@ -360,6 +372,7 @@ TINY_CUSTOM_VOICE = ROOT / "tests" / "fixtures" / "qwen3_tiny" / "custom_voice"
 """The committed tiny random checkpoint (``python -m s2s_daemon.tools.make_checkpoint --size tiny``)."""
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.mlx
 @pytest.mark.slow
@@ -404,3 +417,62 @@ def test_without_engines_the_formats_of_this_machine_are_compared_auto_first() -
     if native.why_not_here() is None:
         assert engines == ["torch", "torch:quantization=int4", "torch:quantization=none"]
     assert default_engines("cuda")[0] == "torch" and "torch:dtype=fp32" in default_engines("cuda")
+
+
+class RecordingHost:
+    """A ``protocol.Host`` that records its calls; ``run`` fails on a text of "boom"."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def load(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append("load")
+        return {"info": {"engine": request["engine"]}}
+
+    def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append("run")
+        if request["text"] == "boom":
+            raise RuntimeError("engine failed")
+        return {"chunks": 1}
+
+    def close(self) -> dict[str, Any]:
+        self.calls.append("close")
+        return {}
+
+
+def test_the_protocol_answers_each_request_in_order_and_closes_at_the_end() -> None:
+    from s2s_daemon.bench.protocol import serve
+
+    host = RecordingHost()
+    lines = ['{"op": "load", "engine": "tone"}', "", '{"op": "run", "text": "hi"}', '{"op": "run", "text": "boom"}']
+    lines.append('{"op": "dance"}')
+    replies = io.StringIO()
+    assert serve(host, io.StringIO("\n".join(lines) + "\n"), replies) == 0
+    answers = [json.loads(line) for line in replies.getvalue().splitlines()]
+    assert answers == [
+        {"info": {"engine": "tone"}, "ok": True},
+        {"chunks": 1, "ok": True},
+        {"ok": False, "error": "engine failed", "error_type": "RuntimeError"},
+        {"ok": False, "error": "unknown op 'dance'", "error_type": "ValueError"},
+    ]
+    assert host.calls == ["load", "run", "run", "close"]  # stdin ended: closed as by "close"
+    host = RecordingHost()
+    assert serve(host, io.StringIO('{"op": "close"}\n{"op": "run", "text": "late"}\n'), io.StringIO()) == 0
+    assert host.calls == ["close"]  # answered, then the worker exits
+
+
+def test_both_workers_serve_the_one_protocol_loop() -> None:
+    """``reference_worker.py`` runs with another interpreter and imports nothing of ours: it loads
+    ``protocol.py`` by its path, as it would there (no copy of the loop of its own)."""
+    import importlib.util
+
+    from s2s_daemon.bench import protocol, worker
+
+    path = ROOT / "s2s_daemon" / "bench" / "reference_worker.py"
+    spec = importlib.util.spec_from_file_location("reference_worker_as_a_script", path)
+    assert spec is not None and spec.loader is not None
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    assert worker.serve is protocol.serve
+    assert reference.serve.__code__.co_filename == protocol.serve.__code__.co_filename
+    assert not [name for name in vars(reference) if name.startswith("s2s_daemon")]

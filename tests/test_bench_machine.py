@@ -222,6 +222,7 @@ def test_the_sentence_for_the_page_has_the_load_at_start_and_end_and_the_steal()
     assert describe(bare) == "AMD EPYC 7B12, 2 CPUs, load 1.50 at the end"
 
 
+@pytest.mark.integration
 def test_this_machine_is_described_with_what_the_json_documents_carried_before() -> None:
     info = machine_info()
     assert {"platform", "machine", "cpu", "logical_cores", "memory_gib", "python", "load_average"} <= set(info)

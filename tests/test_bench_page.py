@@ -215,6 +215,7 @@ def test_without_doc_nothing_is_published(tmp_path: Path) -> None:
     assert doc_target(parse(["m"])) is None
 
 
+@pytest.mark.integration
 def test_doc_file_implies_doc_and_a_second_key_names_itself_in_the_title(tmp_path: Path) -> None:
     page = write(tmp_path, PAGE)
     target = doc_target(parse(["m", "--doc-file", str(page), "--doc-key", "torch-xeon"]))

@@ -75,6 +75,7 @@ def test_the_table_sets_each_peer_beside_ours_with_ours_over_the_peers_median() 
     assert steady[8] == "0.1400" and steady[9] is None  # vox-tts did not run
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_an_unprepared_scratch_folder_says_which_script_prepares_it(tmp_path: Path) -> None:
     done = subprocess.run(

@@ -94,6 +94,7 @@ def section_of(page: Path, key: str) -> str:
     return text[start:end]
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.timeout(180)
@@ -112,6 +113,7 @@ def test_bench_sampling_prints_its_figures_and_publishes_them(tmp_path: Path) ->
     assert not page.with_name("never-written.md").exists()
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.timeout(180)

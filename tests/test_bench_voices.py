@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[1]
 BASE = REPO / "tests" / "fixtures" / "qwen3_tiny" / "base"
 

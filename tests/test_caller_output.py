@@ -19,6 +19,7 @@ from s2s_daemon.tts.engine import EngineOptions
 from s2s_daemon.tts.registry import create_engine
 from s2s_daemon.tts.stage import TtsStage
 from s2s_daemon.tts.worker import EngineWorker
+from tests.support.wait import until
 
 
 class RealTimeSpeaker:
@@ -38,7 +39,7 @@ class RealTimeSpeaker:
                 first = time.monotonic()
                 on_first_sample(first)
             samples += len(chunk)
-            await asyncio.sleep(len(chunk) / utterance.sample_rate)
+            await asyncio.sleep(len(chunk) / utterance.sample_rate)  # plays in real time, as a speaker
         return PlaybackReport(first, time.monotonic(), 1000.0 * samples / utterance.sample_rate)
 
     async def close(self) -> None:
@@ -84,8 +85,7 @@ async def test_caller_audio_arrives_while_the_speaker_still_plays() -> None:
     ledger, events, requests, tasks, worker = await pipeline()
     try:
         room = ledger.submit(request("room", "x" * 100))  # four seconds on the speaker
-        while room.timeline.first_sample_out is None:  # noqa: ASYNC110 -- until it plays in the room
-            await asyncio.sleep(0.01)
+        await until(lambda: room.timeline.first_sample_out is not None, 10, "it plays in the room")
         stream = CallerStream()
         job = ledger.submit(request("caller", "y" * 25, stream))  # one second of audio
         began = time.monotonic()

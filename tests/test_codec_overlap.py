@@ -37,6 +37,7 @@ def _chunks(engine: TorchQwen3Engine, request: SynthesisRequest = REQUEST) -> li
     return list(engine.synthesize_blocking(request, lambda: False))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_the_same_audio_in_the_same_chunks_as_decoded_in_line(threads: str) -> None:
     results = []
@@ -57,6 +58,7 @@ def test_the_same_audio_in_the_same_chunks_as_decoded_in_line(threads: str) -> N
                 np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_batched_requests_decode_the_same_with_the_overlap() -> None:
     audio = []
     for overlap in (False, True):
@@ -148,6 +150,7 @@ def test_chunks_come_out_in_order_and_a_stream_is_pushed_by_one_thread_at_a_time
         worker.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("threads", "now", "on_the_worker"), [("2", 2, True), ("2", 1, False), ("1", 1, False)])
 def test_auto_takes_the_codec_thread_only_with_two_threads_in_force(threads: str, now: int, on_the_worker: bool,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip

@@ -80,6 +80,7 @@ def _assert_guarded(reference: Any, audio: Any, what: str) -> quality.Quality:
     return q
 
 
+@pytest.mark.slow
 def test_every_auto_path_passes_on_a_random_released_shape_decoder(ext: Any, released_shapes: Path) -> None:
     """Random 0.6B-shaped weights, random codes, streamed in four-frame pushes and one 12-frame push
     (the paths differ by columns: native few-row products, oneDNN beyond)."""
@@ -95,6 +96,7 @@ def test_every_auto_path_passes_on_a_random_released_shape_decoder(ext: Any, rel
             _assert_guarded(expected, _streamed(decoder, codes, chunk), f"{weights}, pushes of {chunk}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["cv_ryan_english", "base_icl"])
 def test_every_auto_path_passes_on_the_golden_fixture(ext: Any, case: str) -> None:
     """The tiny checkpoint's decoder on the official talker's codes: against the official float32
@@ -114,6 +116,7 @@ def test_every_auto_path_passes_on_the_golden_fixture(ext: Any, case: str) -> No
             _assert_guarded(official, audio, f"{weights} against the official waveform")
 
 
+@pytest.mark.slow
 def test_a_broken_path_misses_the_guard(ext: Any, released_shapes: Path) -> None:
     """The decoder run in bfloat16 throughout (activations, residual sums and SnakeBeta too, as on a
     GPU): what the bfloat16 path keeps in float32, and what the guard must reject; silence too."""

@@ -89,6 +89,7 @@ def test_the_benchmark_reference_variable_is_not_a_configuration_key() -> None:
     assert load_config(None, {"S2S_BENCH_REFERENCE_PYTHON": "/usr/bin/python3"}).mqtt.port == 1883
 
 
+@pytest.mark.integration
 def test_check_config_exits_78_naming_the_variable_and_the_suggestion(tmp_path: Path) -> None:
     path = write(tmp_path, "mqtt: {prot: 1883}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}

@@ -11,6 +11,8 @@ from tests.support.broker import Mosquitto
 from tests.support.daemon import daemon_in_process, write_config
 from tests.support.mqtt import recorder
 
+pytestmark = pytest.mark.integration
+
 TINY = Path(__file__).parent / "fixtures" / "qwen3_tiny" / "custom_voice"
 SAY = "s2s/kitchen/tts/say"
 

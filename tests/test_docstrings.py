@@ -79,6 +79,7 @@ def findings(root: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_no_docstring_or_comment_holds_a_date_or_a_machine() -> None:
     assert findings(PACKAGE) == []
 

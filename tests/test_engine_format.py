@@ -14,6 +14,10 @@ from structlog.testing import capture_logs
 
 from s2s_daemon.cli import RESOLVED_MARKER
 from s2s_daemon.config import load_config
+
+# The torch engine's formats: its package imports torch (without the torch extra, nothing to choose).
+pytest.importorskip("torch")
+
 from s2s_daemon.tts.torch_qwen3.formats import choose_format
 
 TINY = Path(__file__).parent / "fixtures" / "qwen3_tiny" / "custom_voice"
@@ -80,6 +84,7 @@ def test_the_engine_logs_the_choice_once_and_reports_it_in_info() -> None:
     assert info.format_reason == chosen[0]["reason"] and info.format_reason
 
 
+@pytest.mark.integration
 def test_check_config_prints_the_resolved_choice(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("tts: {torch: {device: cpu, threads: 1}}\n")

@@ -21,6 +21,7 @@ from s2s_daemon.tts.watch import EngineTimeout, EngineWedged
 from s2s_daemon.tts.worker import EngineWorker
 from s2s_daemon.wiring import build_stages
 from tests.support.tone_engine import ToneEngine
+from tests.support.wait import until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -53,7 +54,7 @@ class HangingEngine:
                 self.stopped = True
                 return
             if self.chunk_s:
-                time.sleep(self.chunk_s)
+                time.sleep(self.chunk_s)  # the engine's work for a chunk: the behaviour under test
             yield np.full(4, i, dtype=np.float32)
 
     def memory_blocking(self) -> DeviceMemory:
@@ -76,7 +77,7 @@ async def test_a_stalled_engine_fails_the_stream_and_a_recovered_one_serves_the_
     assert got == [0, 1]  # what came before the stall
     assert 0.35 < took < 1.5, took  # failed at the stall, not after the grace
     engine.release.set()  # the device comes back within the grace: the engine sees the stop
-    await asyncio.sleep(0.6)  # past the grace
+    await until(lambda: not worker._watch.pending(), what="the watch's verdict")
     assert engine.stopped
     assert worker.wedged is None and wedged == []
     engine.hang = False
@@ -95,7 +96,7 @@ async def test_an_engine_thread_that_never_returns_wedges_the_worker_once() -> N
             async for _ in worker.stream(REQUEST, lambda: False):
                 pass
         assert worker.wedged is None  # the grace is still running
-        await asyncio.sleep(0.6)
+        await until(lambda: not worker._watch.pending(), what="the watch's verdict")
         assert worker.wedged is not None and "did not return within 0.3 s" in worker.wedged
         assert wedged == [worker.wedged]  # told once
         calls = engine.calls
@@ -108,6 +109,7 @@ async def test_an_engine_thread_that_never_returns_wedges_the_worker_once() -> N
         engine.release.set()
 
 
+@pytest.mark.slow
 async def test_a_stream_waiting_behind_the_stuck_thread_ends_when_it_is_declared_wedged() -> None:
     engine = HangingEngine()
     worker = EngineWorker(engine, stall_timeout_s=0.5)  # type: ignore[arg-type]
@@ -122,7 +124,7 @@ async def test_a_stream_waiting_behind_the_stuck_thread_ends_when_it_is_declared
         assert time.monotonic() - began < 0.5 + 0.4
     finally:
         engine.release.set()
-        await asyncio.sleep(0.05)
+        await until(lambda: engine.stopped, what="the stuck call returned")
 
 
 async def test_time_waiting_for_the_consumer_is_not_a_stall_nor_engine_time() -> None:
@@ -131,7 +133,7 @@ async def test_time_waiting_for_the_consumer_is_not_a_stall_nor_engine_time() ->
     got = []
     async for chunk in worker.stream(REQUEST, lambda: False):
         got.append(int(chunk[0]))
-        await asyncio.sleep(0.03)  # playback back-pressure: 0.6 s in all
+        await asyncio.sleep(0.03)  # the behaviour under test: playback back-pressure, 0.6 s in all
     assert got == list(range(20))
     await worker.close()
 
@@ -152,7 +154,7 @@ async def test_the_utterance_time_limit_counts_engine_time_over_all_its_sentence
     took = time.monotonic() - began
     assert 0.45 < took < 1.5, took
     assert 15 < chunks < 30, chunks
-    await asyncio.sleep(0.1)
+    await until(lambda: not worker._watch.pending(), what="the watch's verdict")
     assert worker.wedged is None  # the engine was told to stop and returned: nothing wedged
     # A new utterance has a budget of its own.
     with worker.utterance():
@@ -221,12 +223,9 @@ async def test_the_watchdog_is_not_pinged_once_the_engine_is_wedged() -> None:
     daemon = Daemon(load_config(None, environ={}), notifier=notifier)  # type: ignore[arg-type]
     worker = EngineWorker(HangingEngine())  # type: ignore[arg-type]
     task = asyncio.create_task(daemon._watchdog(worker))
-    await asyncio.sleep(0.15)
-    assert notifier.pings >= 3  # healthy: pinged every half interval
+    await until(lambda: notifier.pings >= 3, what="pings while healthy")  # every half interval
     worker.wedged = "stuck for the test"
-    await asyncio.sleep(0.1)
-    pings = notifier.pings
-    await asyncio.sleep(0.15)
-    assert notifier.pings == pings  # withheld: systemd's WatchdogSec restarts a daemon stuck on its way out
-    assert task.done() and task.exception() is None
+    # withheld: the pinger ends (systemd's WatchdogSec restarts a daemon stuck on its way out)
+    await until(task.done, what="the pinger ended")
+    assert task.exception() is None
     await worker.close()

@@ -14,6 +14,7 @@ import pytest
 from s2s_daemon.tts.bridge import STREAM_AHEAD
 from s2s_daemon.tts.engine import DeviceMemory, EngineError, ShouldStop, SynthesisRequest
 from s2s_daemon.tts.worker import EngineWorker
+from tests.support.wait import until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -71,11 +72,12 @@ async def test_the_engine_pauses_when_the_consumer_lags_and_other_calls_run_mean
     first = await anext(stream)
     assert int(first[0]) == 0
     # The consumer holds still: the engine stops STREAM_AHEAD chunks ahead ...
-    await asyncio.sleep(0.2)
-    assert engine.produced <= STREAM_AHEAD + 1
-    # ... and its thread is free for other calls (the memory event) in the meantime.
+    await until(lambda: engine.produced >= STREAM_AHEAD, 5, "the chunks ahead made")
+    # ... and its thread is free for other calls (the memory event) in the meantime: had it gone
+    # on making chunks, this call would have waited behind all of them.
     await asyncio.wait_for(worker.memory(), 2)
     assert engine.memory_calls == 1
+    assert engine.produced <= STREAM_AHEAD + 1
     rest = [int(chunk[0]) async for chunk in stream]
     assert rest == list(range(1, engine.chunks))
     await worker.close()
@@ -129,7 +131,7 @@ class TaggedEngine:
         for _ in range(self.chunks):
             if should_stop():
                 return
-            time.sleep(0.01)  # the second stream starts while the first makes its first chunk
+            time.sleep(0.01)  # the engine's work: the second stream starts while the first makes its first chunk
             self.made.append(request.text)
             yield np.zeros(4, dtype=np.float32)
 

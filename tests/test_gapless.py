@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from structlog.testing import capture_logs
 
 from s2s_daemon.audio.playback import PlaybackStage
@@ -66,7 +67,7 @@ class RealTimeSpeaker:
                     gaps_at.append(samples / utterance.sample_rate)
             previous = chunk
             samples += len(chunk)
-            await asyncio.sleep(len(chunk) / utterance.sample_rate)
+            await asyncio.sleep(len(chunk) / utterance.sample_rate)  # plays in real time, as a speaker
         return PlaybackReport(first, time.monotonic(), 1000.0 * samples / utterance.sample_rate)
 
     async def close(self) -> None:
@@ -110,6 +111,7 @@ async def speak(
     return speaker, events
 
 
+@pytest.mark.slow
 async def test_a_slow_engine_is_played_without_gaps() -> None:
     text = "a sentence of about two seconds of audio, more or less"  # 55 chars x 40 ms
     speaker, events = await speak("0.6", [text, text])
@@ -120,6 +122,7 @@ async def test_a_slow_engine_is_played_without_gaps() -> None:
         assert payload["prebufferMs"] == round(events.done[rid].timeline.prebuffer_s * 1000.0, 1)
 
 
+@pytest.mark.slow
 async def test_a_long_text_waits_for_its_first_sentence_and_pauses_longer_between_sentences() -> None:
     sentence = "A sentence of about two seconds of audio, more or less."  # 55 chars x 40 ms
     speaker, events = await speak("0.6", [sentence, " ".join([sentence] * 3)], shared=True)
@@ -131,6 +134,7 @@ async def test_a_long_text_waits_for_its_first_sentence_and_pauses_longer_betwee
     assert three.first_segment_chars == len(sentence)
 
 
+@pytest.mark.slow
 async def test_without_pacing_the_same_engine_stutters() -> None:
     original = Pacer.needed_s
     Pacer.needed_s = lambda self, rate, chars: 0.0  # type: ignore[method-assign]
@@ -142,6 +146,7 @@ async def test_without_pacing_the_same_engine_stutters() -> None:
     assert speaker.gaps["u0"], "the control run should stutter, or the test above proves nothing"
 
 
+@pytest.mark.slow
 async def test_a_fast_engine_keeps_the_short_start() -> None:
     text = "a sentence of about two seconds of audio, more or less"
     _, events = await speak("4", [text, text])
@@ -163,6 +168,7 @@ def test_the_buffer_asked_for_follows_the_formula() -> None:
     assert Pacer(enabled=False).needed_s(0.5, 50) == 0.0  # audio.gapless: false
 
 
+@pytest.mark.slow
 async def test_the_first_sample_waits_no_longer_than_the_bound_and_says_what_it_expects() -> None:
     text = "a sentence of about two seconds of audio, more or less"  # needs ~1.7 s of waiting at 0.6
     with capture_logs() as logs:
@@ -179,6 +185,7 @@ async def test_the_first_sample_waits_no_longer_than_the_bound_and_says_what_it_
     assert speaker.gaps["u1"], "cut short, the sentence stutters: the control for the clause test below"
 
 
+@pytest.mark.slow
 async def test_a_sentence_goes_clause_by_clause_so_its_first_clause_starts_within_the_bound() -> None:
     # The engine's speed is known (0.6 x real time, 40 ms a character). The whole sentence would
     # need about 1.7 s of waiting, more than the bound: cut short, it would stutter inside. Its
@@ -201,6 +208,7 @@ def clauses_of(text: str) -> list[str]:
     return split_clauses(text)
 
 
+@pytest.mark.slow
 async def test_a_sink_not_heard_as_it_plays_never_waits() -> None:
     # The discard and WAV sinks: nobody hears them, so the first sample is never held.
     class Silent(RealTimeSpeaker):

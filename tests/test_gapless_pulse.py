@@ -28,6 +28,9 @@ from tests.support.pulse import (
     PulseServer,
     pulse_server,  # noqa: F401  (fixture)
 )
+from tests.support.wait import until
+
+pytestmark = pytest.mark.integration
 
 WINDOW_S = 0.005
 SILENT_RMS = 0.01
@@ -75,11 +78,12 @@ async def test_sentences_play_gaplessly_with_their_pause_on_the_null_sink(
     ]
     recorder = pulse_server.record("spk.monitor", SPEAKER_RATE_HZ)
     try:
-        await asyncio.sleep(0.3)
+        await until(lambda: recorder.seconds() >= 0.3, 10, "0.3 s recorded before")
         text = "The first sentence is here. A second one follows it! And a third one ends the text?"
         job = ledger.submit(SayRequest(id="g", text=text, voice=None, language="auto", site_id="t"))
         await asyncio.wait_for(job.done.wait(), 30)
-        await asyncio.sleep(0.3)
+        end = recorder.seconds()
+        await until(lambda: recorder.seconds() >= end + 0.3, 10, "0.3 s recorded after")
     finally:
         recording = await asyncio.to_thread(recorder.stop)
         requests.close()

@@ -31,6 +31,7 @@ def _driver() -> ModuleType:
     return module
 
 
+@pytest.mark.integration
 def test_shell_syntax() -> None:
     bash = shutil.which("bash")
     assert bash is not None
@@ -64,6 +65,7 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.timeout(240)
@@ -100,6 +102,7 @@ def test_cpu_dry_run(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("gpu_check.*")), "the work dir was not removed"
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_no_cuda_interpreter_exits_2(tmp_path: Path) -> None:
     """Asked for cuda where no interpreter has a usable GPU, the script says so and exits 2."""

@@ -194,6 +194,7 @@ def entity(configs: dict[str, dict[str, Any]], component: str, object_id: str) -
 # -- tests -------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_configs_are_retained_valid_and_read_our_topics(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto, True)):
         await online(rec)
@@ -237,6 +238,7 @@ async def test_configs_are_retained_valid_and_read_our_topics(tmp_path: Path, mo
     assert float(render(memory["value_template"], last["/metrics/memory"])) > 10
 
 
+@pytest.mark.integration
 async def test_notify_speaks_and_the_button_stops(tmp_path: Path, mosquitto: Mosquitto) -> None:
     path = cfg(tmp_path, mosquitto, True, tts={"options": SLOW})
     async with recorder(mosquitto.port, subscribe=("s2s/#", f"{HA}/#")) as rec, daemon_in_process(path):
@@ -261,6 +263,7 @@ async def test_notify_speaks_and_the_button_stops(tmp_path: Path, mosquitto: Mos
         assert list(rec.finished().values())[1]["audioMs"] < 4000
 
 
+@pytest.mark.integration
 async def test_home_assistant_birth_republishes(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with (
         recorder(mosquitto.port, subscribe=("s2s/#", f"{HA}/#")) as rec,
@@ -283,6 +286,7 @@ async def test_home_assistant_birth_republishes(tmp_path: Path, mosquitto: Mosqu
         assert sorted(republished()) == sorted(configs_of(rec))
 
 
+@pytest.mark.integration
 async def test_turning_it_off_removes_the_entities(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto, True)):
         await online(rec)
@@ -299,6 +303,7 @@ async def test_turning_it_off_removes_the_entities(tmp_path: Path, mosquitto: Mo
         assert await retained_configs(mosquitto.port) == {}
 
 
+@pytest.mark.integration
 async def test_off_by_default_announces_nothing(tmp_path: Path, mosquitto: Mosquitto) -> None:
     path = write_config(tmp_path / "daemon.yaml", mosquitto.port)
     async with (
@@ -315,6 +320,7 @@ async def test_off_by_default_announces_nothing(tmp_path: Path, mosquitto: Mosqu
     assert await retained_configs(mosquitto.port) == {}
 
 
+@pytest.mark.integration
 async def test_ha_remove_command_and_service_uninstall(tmp_path: Path, mosquitto: Mosquitto) -> None:
     path = cfg(tmp_path, mosquitto, True)
     for remove in ("cli", "service"):

@@ -47,6 +47,7 @@ SAY = "s2s/kitchen/tts/say"
 # -- the recording's download --------------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("swap", ["file", "folder"])
 async def test_a_recording_swapped_for_a_link_after_its_check_is_not_served(
     tmp_path: Path, mosquitto: Mosquitto, recording: list[Any], monkeypatch: pytest.MonkeyPatch, swap: str
@@ -113,6 +114,7 @@ def test_a_voice_added_by_another_edit_meanwhile_is_a_conflict(
     assert sorted(p.name for p in root.iterdir()) == ["bob", "carol"]  # nothing staged left
 
 
+@pytest.mark.integration
 async def test_the_page_and_the_command_adding_one_voice_at_once_is_409(
     tmp_path: Path, mosquitto: Mosquitto, recording: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -128,6 +130,7 @@ async def test_the_page_and_the_command_adding_one_voice_at_once_is_409(
 # -- MQTT: a retained say, the embedded broker ---------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_a_retained_say_is_not_spoken_again_at_start(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
         await client.publish(SAY, '{"text": "Kept by the broker.", "id": "retained"}', qos=1, retain=True)
@@ -244,6 +247,7 @@ def _outside_address() -> str | None:
     return None
 
 
+@pytest.mark.integration
 async def test_the_machine_is_shown_only_to_this_machine_or_a_key_holder(tmp_path: Path, mosquitto: Mosquitto) -> None:
     outside = _outside_address()
     if outside is None:
@@ -287,6 +291,7 @@ def test_the_journal_is_private_whatever_the_umask(tmp_path: Path, umask_022: No
     assert stat.S_IMODE(old.stat().st_mode) == 0o600
 
 
+@pytest.mark.integration
 async def test_a_short_key_is_refused_and_a_readable_key_file_is_warned_about(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:

@@ -31,6 +31,9 @@ from s2s_daemon.errors import ConfigError
 from tests.support.broker import Mosquitto, free_port
 from tests.support.daemon import DaemonProcess, write_config
 from tests.support.mqtt import Recorder, recorder
+from tests.support.wait import until_blocking
+
+pytestmark = pytest.mark.integration
 
 SAY = "s2s/kitchen/tts/say"
 HEALTH_BOUND_S = 1.0
@@ -88,14 +91,14 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     proc = DaemonProcess(config)
     proc.start()
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        def ready() -> bool:
             assert proc.proc is not None and proc.proc.poll() is None, proc.log()
             with contextlib.suppress(OSError):
-                if _get(f"http://127.0.0.1:{port}/ready", 1.0) == 200:
-                    break
-            assert time.monotonic() < deadline, f"not ready in 60 s:\n{proc.log()}"
-            time.sleep(0.05)
+                return _get(f"http://127.0.0.1:{port}/ready", 1.0) == 200
+            return False
+
+        until_blocking(ready, 60, "/ready")
         target = Target(proc, broker, port, voices)
         target.idle_rss = target.rss()
         yield target
@@ -130,13 +133,13 @@ async def watching(target: Target) -> AsyncIterator[Watch]:
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     watch.health_failures.append(repr(exc))
                 watch.slowest_health_s = max(watch.slowest_health_s, time.monotonic() - began)
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.2)  # a probe's period, as a load balancer's
 
     async def memory() -> None:
         while target.alive():
             with contextlib.suppress(psutil.Error):
                 watch.peak_rss = max(watch.peak_rss, target.rss())
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # a sampling period: the peak between two looks is missed
 
     tasks = [asyncio.create_task(health(), name="test.health"), asyncio.create_task(memory(), name="test.rss")]
     try:

@@ -36,6 +36,7 @@ from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
 from tests.support.broker import Mosquitto, free_port
 from tests.support.daemon import daemon_in_process, write_config
 from tests.support.mqtt import Recorder, recorder
+from tests.support.wait import until
 
 SAY = "s2s/kitchen/tts/say"
 FRAME = 1920
@@ -72,15 +73,16 @@ class Api:
 
 async def wait_ready(port: int, timeout_s: float = 10.0) -> None:
     """Until ``GET /ready`` answers 200 (the port listens before the model loads)."""
-    async with asyncio.timeout(timeout_s), aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
-        while True:
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+
+        async def ready() -> bool:
             try:
                 async with http.get("/ready") as r:
-                    if r.status == 200:
-                        return
+                    return r.status == 200
             except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.02)
+                return False
+
+        await until(ready, timeout_s, f"/ready on {port}")
 
 
 @contextlib.asynccontextmanager
@@ -101,6 +103,7 @@ async def speech_api(
         yield Api(rec, daemon, port)
 
 
+@pytest.mark.integration
 async def test_sdk_every_format_decodes_to_the_text_length(tmp_path: Path, mosquitto: Mosquitto) -> None:
     text = "The kettle has boiled, come and get your tea."
     async with speech_api(tmp_path, mosquitto) as api, api.client() as client:
@@ -120,6 +123,7 @@ async def test_sdk_every_format_decodes_to_the_text_length(tmp_path: Path, mosqu
         assert default.headers["content-type"] == "audio/mpeg"  # OpenAI's default format
 
 
+@pytest.mark.integration
 async def test_streaming_bytes_arrive_before_synthesis_ends(tmp_path: Path, mosquitto: Mosquitto) -> None:
     text = "x" * 100  # 4 s of audio, made in 1 s at speed 4
     fast = {"tts": {"options": {"speed": "4"}}}
@@ -144,6 +148,7 @@ async def test_streaming_bytes_arrive_before_synthesis_ends(tmp_path: Path, mosq
         assert (await api.rec.wait_finished([request_id]))[request_id]["status"] == "completed"
 
 
+@pytest.mark.integration
 async def test_sse_events_carry_the_audio_and_usage(tmp_path: Path, mosquitto: Mosquitto) -> None:
     text = "Server-sent events, one per chunk."
     async with speech_api(tmp_path, mosquitto, tts={"chunk_frames": 2}) as api, api.client() as client:
@@ -163,6 +168,7 @@ async def test_sse_events_carry_the_audio_and_usage(tmp_path: Path, mosquitto: M
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
+@pytest.mark.integration
 async def test_curl_gets_a_wav_whole_with_its_length_or_streamed_when_asked(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:
@@ -197,6 +203,7 @@ async def test_curl_gets_a_wav_whole_with_its_length_or_streamed_when_asked(
         assert float(seconds.stdout) == pytest.approx(tone_samples(text) / 24000, abs=0.001)
 
 
+@pytest.mark.integration
 async def test_a_whole_file_reports_its_first_audio_when_it_is_complete(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """Issue 41 item 6: a WAV or FLAC sent whole reaches its caller once all of it is made, so its
     first audio out (the latency event, hence ``s2s_first_audio_seconds``) is then, not at its first
@@ -229,6 +236,7 @@ async def test_a_whole_file_reports_its_first_audio_when_it_is_complete(tmp_path
     assert streamed["firstAudioOutMs"] < streamed["queuedMs"] + streamed["synthMs"], streamed
 
 
+@pytest.mark.integration
 async def test_a_whole_file_stopped_part_way_is_409_and_the_events_agree(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """Issue 41 item 7: a 30-sentence WAV (sent whole) stopped after a second of audio was made: its
     caller gets nothing, so the answer is 409 ``cancelled`` saying what happened, and the events say
@@ -240,9 +248,8 @@ async def test_a_whole_file_stopped_part_way_is_409_and_the_events_agree(tmp_pat
         )
         assert api.daemon._parts is not None
         ledger = api.daemon._parts.stages.ledger
-        async with asyncio.timeout(20):  # a second of its audio made (polled: no event says so)
-            while not any(j.timeline.audio_s >= 1.0 for j in ledger.jobs.values()):  # noqa: ASYNC110  (no event to wait on)
-                await asyncio.sleep(0.02)
+        # a second of its audio made (polled: no event says so)
+        await until(lambda: any(j.timeline.audio_s >= 1.0 for j in ledger.jobs.values()), 20, "1 s of audio made")
         (rid,) = ledger.jobs
         await api.rec.say("s2s/kitchen/tts/stop", {"id": rid})
         with pytest.raises(openai.APIStatusError) as refused:
@@ -258,6 +265,7 @@ async def test_a_whole_file_stopped_part_way_is_409_and_the_events_agree(tmp_pat
     assert rid not in {p["id"] for p in rec.payloads("/metrics/latency")}
 
 
+@pytest.mark.integration
 async def test_a_client_that_disconnects_frees_the_engine(tmp_path: Path, mosquitto: Mosquitto) -> None:
     real_time = {"tts": {"options": {"speed": "1"}}}  # 100 characters: 4 s of synthesis
     async with speech_api(tmp_path, mosquitto, **real_time) as api, api.client() as client:
@@ -278,6 +286,7 @@ async def test_a_client_that_disconnects_frees_the_engine(tmp_path: Path, mosqui
         assert finished[nxt.headers["x-request-id"]]["status"] == "completed"
 
 
+@pytest.mark.integration
 async def test_concurrent_requests_share_the_queue_with_mqtt(tmp_path: Path, mosquitto: Mosquitto) -> None:
     fast = {"tts": {"options": {"speed": "8"}}}
     texts = ["first of two requests", "the second request, a little longer"]
@@ -324,6 +333,7 @@ async def test_a_long_input_is_text_too_long_as_it_was_sent(tmp_path: Path, mosq
         assert error["message"] == f"text has {len(text)} characters; the limit is 2000", error
 
 
+@pytest.mark.integration
 async def test_errors_are_openai_error_json(tmp_path: Path, mosquitto: Mosquitto) -> None:
     speech = "/v1/audio/speech"
     good = {"model": "tts-1", "input": "hi", "voice": "alloy"}
@@ -382,6 +392,7 @@ def rejected(rec: Recorder) -> list[dict[str, Any]]:
     return [p for p in rec.payloads("/tts/finished") if p["status"] == "rejected"]
 
 
+@pytest.mark.integration
 async def test_models_voices_health_and_the_drain(tmp_path: Path, mosquitto: Mosquitto) -> None:
     fast = {"tts": {"options": {"speed": "4"}}}
     text = "w" * 50  # 2 s of audio, 0.5 s of synthesis
@@ -401,7 +412,7 @@ async def test_models_voices_health_and_the_drain(tmp_path: Path, mosquitto: Mos
                 async for piece in response.iter_bytes():
                     if not data:
                         api.daemon.request_stop()  # SIGTERM mid-stream: this response still ends whole
-                        await asyncio.sleep(0.05)
+                        await until(lambda: health_phase(http, "draining"), 5, "/health saying draining")
                         async with http.get("/health") as r:  # alive
                             assert r.status == 200 and await r.json() == {"status": "ok", "phase": "draining"}
                         async with http.get("/ready") as r:  # and out of rotation
@@ -467,19 +478,32 @@ async def test_slow_heads_and_bodies_are_cut_and_excess_connections_refused(
                     await asyncio.sleep(0.05)
 
 
+async def health_phase(http: aiohttp.ClientSession, phase: str) -> bool:
+    async with http.get("/health") as r:
+        return r.status == 200 and (await r.json())["phase"] == phase
+
+
+@pytest.mark.integration
 async def test_draining_refuses_new_speech_with_503(tmp_path: Path, mosquitto: Mosquitto) -> None:
     fast = {"tts": {"options": {"speed": "4"}}}
-    async with speech_api(tmp_path, mosquitto, api_key=None, **fast) as api, api.client("any") as client:
+    refused: pytest.ExceptionInfo[openai.InternalServerError] | None = None
+    async with (
+        speech_api(tmp_path, mosquitto, api_key=None, **fast) as api,
+        api.client("any") as client,
+        aiohttp.ClientSession(api.base_url) as http,
+    ):
         async with client.audio.speech.with_streaming_response.create(
             model="tts-1", voice="alloy", input="v" * 50, response_format="pcm"
         ) as response:
-            async for _ in response.iter_bytes():
+            async for _ in response.iter_bytes():  # the first piece of audio: the stream runs
                 api.daemon.request_stop()
-                await asyncio.sleep(0.05)
+                await until(lambda: health_phase(http, "draining"), 5, "/health saying draining")
                 with pytest.raises(openai.InternalServerError) as refused:
                     await client.audio.speech.create(model="tts-1", voice="alloy", input="too late")
-                assert refused.value.status_code == 503 and refused.value.code == "shutting_down"
                 break
+    # Out of the loop: an answer without a body never reached the refusal (this test then proved nothing).
+    assert refused is not None, "the first request's answer had no audio"
+    assert refused.value.status_code == 503 and refused.value.code == "shutting_down"
 
 
 async def test_missing_extra_and_taken_port_are_exit_69(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -531,6 +555,7 @@ def test_requests_that_end_without_audio(
         assert answer.headers["x-should-retry"] == "false"  # the SDK must not say it again
 
 
+@pytest.mark.integration
 async def test_a_stream_that_fails_part_way_reaches_the_client_as_a_failure(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:
@@ -587,6 +612,7 @@ async def test_a_stream_that_fails_part_way_reaches_the_client_as_a_failure(
         assert {p["status"] for p in finished.values()} == {"error"}
 
 
+@pytest.mark.integration
 async def test_answers_name_no_paths_and_events_say_where_a_request_came_from(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:

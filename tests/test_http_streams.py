@@ -16,6 +16,8 @@ from tests.support.daemon import DaemonProcess, write_config
 from tests.support.mqtt import recorder
 from tests.test_http_speech import tone_samples, wait_ready
 
+pytestmark = pytest.mark.integration
+
 MS_PER_CHAR = 1000.0
 FIRST = "x" * 300
 """One sentence of 300 s of audio, 14 MB of PCM: more than the daemon (88 chunks, 1.4 MB) and

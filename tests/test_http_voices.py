@@ -20,6 +20,8 @@ from s2s_daemon.tts.registry import register_engine
 from tests.support.broker import Mosquitto
 from tests.test_http_speech import speech_api
 
+pytestmark = pytest.mark.integration
+
 REF_WAV = Path(__file__).parent / "fixtures" / "qwen3_tiny" / "golden" / "ref_espeak_24k.wav"
 FRAME = 1920
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import s2s_daemon
 
 ROWS = [
@@ -50,6 +52,7 @@ def test_every_group_has_a_row() -> None:
     assert groups <= set(RANK), groups - set(RANK)
 
 
+@pytest.mark.slow
 def test_no_module_imports_against_the_arrows() -> None:
     against = []
     for path in sorted(PACKAGE.rglob("*.py")):

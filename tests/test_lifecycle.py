@@ -14,6 +14,9 @@ import pytest
 from tests.support.broker import Mosquitto, free_port
 from tests.support.daemon import REPO, DaemonProcess, write_config
 from tests.support.mqtt import Recorder, recorder
+from tests.support.wait import until
+
+pytestmark = pytest.mark.integration
 
 SAY = "s2s/kitchen/tts/say"
 
@@ -94,7 +97,7 @@ async def test_second_sigint_forces_exit(tmp_path: Path, mosquitto: Mosquitto) -
             await rec.say(SAY, {"id": "long", "text": "a very long utterance indeed"})
             await rec.wait_for(lambda: rec.payloads("/tts/started"))
             proc.signal(signal.SIGINT)
-            await asyncio.sleep(0.5)
+            await until(lambda: '"draining"' in proc.log(), 10, "the drain begun")
             assert proc.proc is not None and proc.proc.poll() is None  # still draining
             proc.signal(signal.SIGINT)
             assert await proc.wait(5) == 1

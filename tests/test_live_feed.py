@@ -19,6 +19,7 @@ from s2s_daemon.mqtt.topics import Topics
 from s2s_daemon.pipeline.jobs import Job, Timeline
 from s2s_daemon.pipeline.messages import SayRequest, Status
 from s2s_daemon.pipeline.vocabulary import EngineInfo
+from tests.support.wait import loop_turns
 
 TOPICS = Topics("s2s", "kitchen")
 
@@ -75,6 +76,6 @@ async def test_close_ends_a_waiting_subscription() -> None:
     feed = LiveFeed()
     with feed.subscribe() as subscription:
         waiting = asyncio.create_task(subscription.get())
-        await asyncio.sleep(0)
+        await loop_turns()  # it waits in get()
         feed.close()
         assert await asyncio.wait_for(waiting, 1) is None

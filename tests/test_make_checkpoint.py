@@ -180,6 +180,7 @@ def test_real_sizes_use_the_released_ids() -> None:
     assert tiny["codec_eos_token_id"] == 2150 - 1920
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.timeout(300)
 def test_mlx_audio_loads_the_tiny_checkpoint_and_generates() -> None:

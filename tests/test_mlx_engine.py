@@ -157,6 +157,7 @@ def cv_engine() -> Iterator[MlxQwen3Engine]:
     engine.close_blocking()
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 def test_custom_voice_streams_chunks_of_chunk_frames(cv_engine: MlxQwen3Engine) -> None:
     info = cv_engine.load_blocking()
@@ -181,6 +182,7 @@ def test_custom_voice_streams_chunks_of_chunk_frames(cv_engine: MlxQwen3Engine) 
     assert float(np.sqrt(np.mean(np.concatenate(chunks) ** 2))) > 0.01
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 def test_the_same_seed_gives_the_same_audio_and_greedy_ignores_the_seed(cv_engine: MlxQwen3Engine) -> None:
     first = _audio(cv_engine, _request(voice="Ryan", seed=7, chunk_frames=MAX_FRAMES))
@@ -193,6 +195,7 @@ def test_the_same_seed_gives_the_same_audio_and_greedy_ignores_the_seed(cv_engin
     np.testing.assert_array_equal(greedy_a, greedy_b)
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 def test_a_stop_between_chunks_ends_the_stream_and_the_next_utterance_is_whole(cv_engine: MlxQwen3Engine) -> None:
     request = _request(voice="Ryan", seed=3, chunk_frames=1)
@@ -209,6 +212,7 @@ def test_a_stop_between_chunks_ends_the_stream_and_the_next_utterance_is_whole(c
     np.testing.assert_array_equal(np.concatenate(_speak(cv_engine, request)), np.concatenate(before))
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 def test_a_consumer_that_closes_the_stream_releases_it(cv_engine: MlxQwen3Engine) -> None:
     stream = cv_engine.synthesize_blocking(_request(voice="Ryan", chunk_frames=1), lambda: False)
@@ -217,6 +221,7 @@ def test_a_consumer_that_closes_the_stream_releases_it(cv_engine: MlxQwen3Engine
     assert len(_speak(cv_engine, _request(voice="Ryan", chunk_frames=MAX_FRAMES))) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.timeout(180)
 async def test_the_engine_worker_drives_it_on_its_one_thread_and_a_stop_token_stops_it() -> None:
@@ -244,6 +249,7 @@ async def test_the_engine_worker_drives_it_on_its_one_thread_and_a_stop_token_st
     await worker.close()
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 def test_voice_and_language_are_validated_with_the_protocol_error_codes(cv_engine: MlxQwen3Engine) -> None:
     with pytest.raises(UnknownVoiceError) as unknown:
@@ -265,6 +271,7 @@ def test_voice_and_language_are_validated_with_the_protocol_error_codes(cv_engin
     np.testing.assert_array_equal(default, _audio(cv_engine, _request(voice=first_voice, chunk_frames=MAX_FRAMES)))
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 def test_mlx_work_stays_on_the_loading_thread(cv_engine: MlxQwen3Engine) -> None:
     errors: list[BaseException] = []
@@ -282,6 +289,7 @@ def test_mlx_work_stays_on_the_loading_thread(cv_engine: MlxQwen3Engine) -> None
     assert "engine thread" in str(errors[0])
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.timeout(240)
 def test_memory_reports_mlx_counters_and_stays_flat_over_utterances() -> None:
@@ -307,6 +315,7 @@ def test_memory_reports_mlx_counters_and_stays_flat_over_utterances() -> None:
     engine.close_blocking()
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.timeout(300)
 def test_each_quantization_loads_and_speaks_and_4bit_holds_less_than_bf16() -> None:
@@ -336,6 +345,7 @@ def test_each_quantization_loads_and_speaks_and_4bit_holds_less_than_bf16() -> N
     assert talker["4bit"] < talker["6bit"] < talker["8bit"] < talker["bf16"], talker
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.timeout(240)
 def test_voice_design_speaks_with_and_without_an_instruct() -> None:
@@ -352,6 +362,7 @@ def test_voice_design_speaks_with_and_without_an_instruct() -> None:
     engine.close_blocking()
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.timeout(300)
 def test_base_model_speaks_plain_with_an_x_vector_and_in_context(tmp_path: Path) -> None:
@@ -374,6 +385,7 @@ def test_base_model_speaks_plain_with_an_x_vector_and_in_context(tmp_path: Path)
     engine.close_blocking()
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.timeout(240)
 def test_a_prequantized_mlx_community_folder_loads_as_stored(tmp_path: Path) -> None:
@@ -423,6 +435,7 @@ def test_a_partial_or_foreign_checkpoint_is_a_checkpoint_error(tmp_path: Path) -
         _engine(foreign).load_blocking()
 
 
+@pytest.mark.integration
 @pytest.mark.mlx
 @pytest.mark.timeout(240)
 def test_say_cli_writes_a_wav_with_the_mlx_engine(tmp_path: Path) -> None:
@@ -488,6 +501,7 @@ def engines(float32_codec_dir: Path) -> Iterator[tuple[Any, MlxQwen3Engine]]:
     torch_engine.close_blocking()
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.torch
 @pytest.mark.timeout(240)
@@ -515,6 +529,7 @@ def test_both_decoders_give_the_same_waveform_for_the_same_codes(engines: tuple[
     np.testing.assert_allclose(mlx_streamed, reference, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.torch
 def test_both_talkers_build_the_same_prompt_and_logits(engines: tuple[Any, MlxQwen3Engine]) -> None:
@@ -534,6 +549,7 @@ def test_both_talkers_build_the_same_prompt_and_logits(engines: tuple[Any, MlxQw
         np.testing.assert_allclose(np.array(mlx_logits[:, -1]), torch_logits.numpy(), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.torch
 def test_greedy_codes_agree_on_the_first_frames(
@@ -584,6 +600,7 @@ def test_frame_budget_matches_the_rule(tmp_path: Path) -> None:
     assert math.isclose(chunk_interval_s(4) * FRAME_RATE_HZ, 4.5)
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 def test_a_qwen_id_is_fetched_as_the_mlx_community_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Offline and with an empty cache the fetch fails, and says which repo it looked for."""

@@ -165,6 +165,7 @@ def test_the_cache_keeps_prompts_in_memory_and_on_disk(tmp_path: Path, caplog: p
 # -- the engine ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.timeout(240)
 def test_cached_prompts_give_mlx_audios_own_greedy_output(tmp_path: Path, encoder_calls: list[str]) -> None:
@@ -213,6 +214,7 @@ def _cached_prompts(tmp_path: Path, encoder_calls: list[str]) -> None:
     restarted.close_blocking()
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.timeout(240)
 def test_a_corrupt_recording_is_an_engine_error_and_the_next_voice_speaks(
@@ -239,6 +241,7 @@ def _corrupt_recording(tmp_path: Path, encoder_calls: list[str]) -> None:
     engine.close_blocking()
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 @pytest.mark.timeout(240)
 def test_a_designed_voice_speaks_its_instruction_on_mlx(tmp_path: Path) -> None:
@@ -281,6 +284,7 @@ def _designed_voice(tmp_path: Path) -> None:
 # -- the daemon: a library voice over HTTP on the mlx engine --------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.mlx
 @pytest.mark.timeout(300)
 async def test_http_speaks_a_library_voice_on_mlx_and_a_broken_one_is_named(

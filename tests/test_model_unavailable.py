@@ -21,6 +21,8 @@ import pytest
 
 from s2s_daemon.errors import EXIT_CONFIG, EXIT_UNAVAILABLE
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "fixtures" / "qwen3_tiny" / "custom_voice"
 HUB_ID = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"

@@ -34,6 +34,7 @@ from s2s_daemon.tts.bridge import EngineThread
 from tests.support.broker import Mosquitto, free_port
 from tests.support.daemon import DaemonProcess, daemon_in_process, write_config
 from tests.support.mqtt import recorder
+from tests.support.wait import until
 from tests.test_http_speech import tone_samples, wait_ready
 
 SAY = "s2s/kitchen/tts/say"
@@ -52,12 +53,12 @@ async def curl(url: str) -> tuple[int, dict[str, Any] | None]:
 
 
 async def curl_until(url: str, wanted: int, timeout_s: float = 30.0) -> dict[str, Any] | None:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            status, body = await curl(url)
-            if status == wanted:
-                return body
-            await asyncio.sleep(0.05)
+    async def answer() -> tuple[int, dict[str, Any] | None] | None:
+        status, body = await curl(url)
+        return (status, body) if status == wanted else None
+
+    _, body = await until(answer, timeout_s, f"{url} answering {wanted}", interval_s=0.05)
+    return body
 
 
 def samples(exposition: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -76,6 +77,7 @@ def value(parsed: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str
 # -- a real daemon process, probed with curl while its model loads ---------------------------------
 
 
+@pytest.mark.integration
 async def test_probes_answer_while_the_model_loads_then_ready(tmp_path: Path, mosquitto: Mosquitto) -> None:
     gate = tmp_path / "loaded"  # the tone engine's load ends when this file exists
     monitor, api = free_port(), free_port()
@@ -115,6 +117,7 @@ async def test_probes_answer_while_the_model_loads_then_ready(tmp_path: Path, mo
         proc.cleanup()
 
 
+@pytest.mark.integration
 async def test_ready_follows_the_broker(tmp_path: Path, mosquitto: Mosquitto) -> None:
     port = free_port()
     config = write_config(
@@ -143,6 +146,7 @@ async def scrape(port: int) -> tuple[str, str]:
         return r.headers["Content-Type"], await r.text()
 
 
+@pytest.mark.integration
 async def test_metrics_count_what_the_requests_did(tmp_path: Path, mosquitto: Mosquitto) -> None:
     monitor, api = free_port(), free_port()
     config = write_config(
@@ -200,6 +204,7 @@ async def test_metrics_count_what_the_requests_did(tmp_path: Path, mosquitto: Mo
     assert families["s2s_queue_depth"] == "gauge" and families["s2s_journal_commit_seconds"] == "histogram"
 
 
+@pytest.mark.integration
 async def test_a_local_model_is_one_name_everywhere(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """Issue 41 item 13: a local checkpoint is its folder's name in ``info``, the latency event,
     ``s2s_build_info``, the page's status, ``/v1/models`` and Home Assistant's device: never its path."""
@@ -231,6 +236,7 @@ async def test_a_local_model_is_one_name_everywhere(tmp_path: Path, mosquitto: M
     assert str(tmp_path) not in json.dumps([info, latency, build, status, models, device])
 
 
+@pytest.mark.integration
 async def test_memory_has_a_figure_from_the_start(tmp_path: Path, mosquitto: Mosquitto) -> None:
     port = free_port()
     config = write_config(
@@ -326,9 +332,7 @@ async def test_engine_busy_time_counts_the_call_in_progress() -> None:
         release = threading.Event()
         started = time.monotonic()
         call = asyncio.wrap_future(thread.submit(release.wait))
-        await asyncio.sleep(0.2)
-        during = thread.busy_s()
-        assert during > 0.0
+        during = await until(thread.busy_s, what="busy time while the call still runs")
         release.set()
         await call
         after = thread.busy_s()

@@ -4,7 +4,6 @@ says ``online``)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
@@ -18,6 +17,8 @@ from s2s_daemon.errors import EXIT_NOPERM
 from tests.support.broker import Mosquitto
 from tests.support.daemon import REPO, DaemonProcess, write_config
 from tests.support.mqtt import recorder
+
+pytestmark = pytest.mark.integration
 
 SAY = "s2s/kitchen/tts/say"
 POOL = "s2s/pool/tts/say"
@@ -160,7 +161,7 @@ async def test_a_refused_subscription_is_exit_77_naming_the_topic(tmp_path: Path
         async with recorder(broker.port) as rec:
             proc.start()
             assert await proc.wait(30) == EXIT_NOPERM
-            await asyncio.sleep(0.3)
+            await rec.settle()  # whatever it published before it exited has reached us
             assert [m.payload for m in rec.on("/kitchen/status")] in ([], [b"offline"])  # never online
         events = log_events(proc.log())
         denied = [e for e in events if e.get("event") == "mqtt_subscription_denied"]

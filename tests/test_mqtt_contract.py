@@ -16,6 +16,7 @@ from paho.mqtt.properties import Properties
 from tests.support.broker import Mosquitto
 from tests.support.daemon import daemon_in_process, write_config
 from tests.support.mqtt import Recorder, recorder
+from tests.support.wait import until
 
 SAY = "s2s/kitchen/tts/say"
 STOP = "s2s/kitchen/tts/stop"
@@ -29,6 +30,7 @@ def cfg(tmp_path: Path, broker: Mosquitto, **sections: Any) -> Path:
     return write_config(tmp_path / "daemon.yaml", broker.port, **sections)
 
 
+@pytest.mark.integration
 async def test_say_started_finished_latency_memory(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto)):
         await online(rec)
@@ -61,6 +63,7 @@ async def test_say_started_finished_latency_memory(tmp_path: Path, mosquitto: Mo
         assert mem["rssMiB"] > 10 and mem["peakRssMiB"] >= mem["rssMiB"] and mem["deviceKind"] == "none"
 
 
+@pytest.mark.integration
 async def test_retained_status_info_state(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with daemon_in_process(cfg(tmp_path, mosquitto)):
         async with recorder(mosquitto.port) as warm:
@@ -77,6 +80,7 @@ async def test_retained_status_info_state(tmp_path: Path, mosquitto: Mosquitto) 
         assert after.on("/status")[-1].payload == b"offline"
 
 
+@pytest.mark.integration
 async def test_stop_current_one_and_all(tmp_path: Path, mosquitto: Mosquitto) -> None:
     slow = {"tts": {"options": {"speed": "1", "ms_per_char": "100"}}}
     async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto, **slow)):
@@ -103,6 +107,7 @@ async def test_stop_current_one_and_all(tmp_path: Path, mosquitto: Mosquitto) ->
         assert (await rec.wait_finished(["after"]))["after"]["status"] == "completed"
 
 
+@pytest.mark.integration
 async def test_stop_before_the_first_sample_is_cancelled_not_interrupted(tmp_path: Path, mosquitto: Mosquitto) -> None:
     # real time in chunks of 2 s: the first chunk takes 1.7-2 s to synthesize
     slow = {"tts": {"chunk_frames": 25, "options": {"speed": "1", "ms_per_char": "40"}}}
@@ -129,6 +134,7 @@ async def test_stop_before_the_first_sample_is_cancelled_not_interrupted(tmp_pat
         assert not any(p["id"] == "silent" for p in rec.payloads("/metrics/latency"))
 
 
+@pytest.mark.integration
 async def test_dedup_expiry_priority_interrupt(tmp_path: Path, mosquitto: Mosquitto) -> None:
     slow = {"tts": {"options": {"speed": "1", "ms_per_char": "40"}}}
     async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto, **slow)):
@@ -160,6 +166,7 @@ async def test_dedup_expiry_priority_interrupt(tmp_path: Path, mosquitto: Mosqui
         assert started.index("urgent") < started.index("queued")
 
 
+@pytest.mark.integration
 async def test_response_topic_and_correlation(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with (
         recorder(mosquitto.port, subscribe=("s2s/#", "client/replies/#")) as rec,
@@ -176,6 +183,7 @@ async def test_response_topic_and_correlation(tmp_path: Path, mosquitto: Mosquit
         assert reply.properties.CorrelationData == b"\x00corr-7"
 
 
+@pytest.mark.integration
 async def test_hermes_round_trip(tmp_path: Path, mosquitto: Mosquitto) -> None:
     config = cfg(tmp_path, mosquitto, mqtt={"hermes": True})
     async with recorder(mosquitto.port, subscribe=("s2s/#", "hermes/#")) as rec, daemon_in_process(config):
@@ -211,6 +219,7 @@ BAD_INPUTS: list[tuple[str, bytes, str]] = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("name", "payload", "code"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 async def test_bad_input_is_rejected_then_next_is_served(
     tmp_path: Path, mosquitto: Mosquitto, name: str, payload: bytes, code: str
@@ -228,6 +237,7 @@ async def test_bad_input_is_rejected_then_next_is_served(
         assert bad["error"]["message"]
 
 
+@pytest.mark.integration
 async def test_bad_input_keeps_its_id(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto)):
         await online(rec)
@@ -249,6 +259,7 @@ async def test_a_bad_id_is_said_in_words(tmp_path: Path, mosquitto: Mosquitto, r
     assert bad["status"] == "rejected" and bad["error"] == {"code": "bad_payload", "message": message}
 
 
+@pytest.mark.integration
 async def test_queue_full(tmp_path: Path, mosquitto: Mosquitto) -> None:
     config = cfg(tmp_path, mosquitto, queue={"max_pending": 2}, tts={"options": {"speed": "1"}})
     async with recorder(mosquitto.port) as rec, daemon_in_process(config):
@@ -264,6 +275,7 @@ async def test_queue_full(tmp_path: Path, mosquitto: Mosquitto) -> None:
         assert (await rec.wait_finished(["later"]))["later"]["status"] == "completed"
 
 
+@pytest.mark.integration
 async def test_an_interrupt_rejected_queue_full_interrupts_nothing(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """Issue 41 item 3, as the issue tried it: ``queue.max_pending: 1``, a0 speaking, a1 queued."""
     config = cfg(tmp_path, mosquitto, queue={"max_pending": 1}, tts={"options": {"speed": "1"}})
@@ -279,6 +291,7 @@ async def test_an_interrupt_rejected_queue_full_interrupts_nothing(tmp_path: Pat
         assert fin["a0"]["status"] == "completed" and fin["a1"]["status"] == "completed", fin
 
 
+@pytest.mark.integration
 async def test_the_state_topic_shows_every_state_of_a_quick_request(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """Issue 41 item 8: every request shows ``synthesizing`` then ``speaking``, however quick (an
     engine at full speed: each state lasts less than the publishing interval), and no state twice."""
@@ -295,6 +308,7 @@ async def test_the_state_topic_shows_every_state_of_a_quick_request(tmp_path: Pa
         assert seen == expected
 
 
+@pytest.mark.integration
 async def test_the_state_topic_has_no_idle_between_queued_requests(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """Issue 41 item 8: a burst goes speaking b0, synthesizing b1, ...: no ``idle`` (with a queue)
     between two requests of it, and no message twice in a row (a change of the queue's length alone
@@ -319,6 +333,7 @@ async def test_the_state_topic_has_no_idle_between_queued_requests(tmp_path: Pat
         ], states
 
 
+@pytest.mark.integration
 async def test_engine_error_is_reported_and_daemon_continues(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto)):
         await online(rec)
@@ -329,6 +344,7 @@ async def test_engine_error_is_reported_and_daemon_continues(tmp_path: Path, mos
         assert fin["fine"]["status"] == "completed"
 
 
+@pytest.mark.integration
 async def test_shared_subscription_pool(tmp_path: Path, mosquitto: Mosquitto) -> None:
     a = write_config(tmp_path / "a.yaml", mosquitto.port, site_id="a", mqtt={"shared_group": "speakers"})
     b = write_config(tmp_path / "b.yaml", mosquitto.port, site_id="b", mqtt={"shared_group": "speakers"})
@@ -354,7 +370,17 @@ async def test_embedded_broker_speaks_311(tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path / "e.yaml", port, mqtt={"broker": "embedded"})
     async with daemon_in_process(config):
-        await asyncio.sleep(0.5)
+
+        async def listening() -> bool:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                return False
+            writer.close()
+            await writer.wait_closed()
+            return True
+
+        await until(listening, 10, "the embedded broker listening")
         async with recorder(port, v5=False) as rec:
             await rec.wait_for(lambda: rec.on("/status"))
             await rec.say(SAY, {"id": "e1", "text": "embedded"})

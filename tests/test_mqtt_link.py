@@ -26,6 +26,7 @@ from s2s_daemon.mqtt.packets import InMessage, OutMessage
 from s2s_daemon.mqtt.topics import Topics
 from tests.support.broker import Mosquitto
 from tests.support.mqtt import recorder
+from tests.support.wait import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,9 +35,34 @@ TOPIC = "s2s/kitchen/tts/finished"
 
 async def poll(condition: Callable[[], bool], timeout_s: float) -> None:
     """The link has no event for these conditions; check every millisecond."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110
-            await asyncio.sleep(0.001)
+    await until(condition, timeout_s, interval_s=0.001)
+
+
+MARKER = b"marker"
+
+
+async def run_until_marked(link: MqttLink, payloads: Callable[[], list[bytes]], port: int) -> list[bytes]:
+    """Run the link until a marker published after it connected reaches it, then close it: what the
+    broker had to redeliver on this session came before the marker. The payloads before it."""
+    runner = asyncio.create_task(link.run())
+    try:
+        await asyncio.wait_for(link.connected.wait(), 10)
+        async with recorder(port, subscribe=()) as rec:
+            await rec.say("s2s/kitchen/tts/say", MARKER)
+        await poll(lambda: MARKER in payloads(), 10)
+    finally:
+        await link.close([])
+        await runner
+    got = payloads()
+    return got[: got.index(MARKER)]
+
+
+async def through_the_broker(link: MqttLink) -> None:
+    """Until a QoS 1 message the link publishes now is acknowledged: the broker has then read what
+    the link sent before it (a PUBACK)."""
+    sent = asyncio.Event()
+    link.publish(OutMessage("s2s-test/marker", MARKER, qos=1, on_sent=sent.set))
+    await asyncio.wait_for(sent.wait(), 10)
 
 
 def make_link(
@@ -98,6 +124,7 @@ async def run_until(link: MqttLink, condition: Callable[[], bool], timeout_s: fl
         await runner
 
 
+@pytest.mark.integration
 async def test_the_send_queue_is_delivered_in_order_and_acknowledged(mosquitto: Mosquitto) -> None:
     n = 5 * PUBLISH_WINDOW
     async with recorder(mosquitto.port, subscribe=(TOPIC,)) as rec:
@@ -114,6 +141,7 @@ async def test_the_send_queue_is_delivered_in_order_and_acknowledged(mosquitto: 
     assert len(link.sending) == 0
 
 
+@pytest.mark.integration
 async def test_unacknowledged_publishes_survive_a_broker_restart(tmp_path: Path) -> None:
     """Whatever the broker had not acknowledged goes back to the send queue and is sent again
     after the reconnect: every message arrives at least once, none is lost.
@@ -156,6 +184,7 @@ async def test_unacknowledged_publishes_survive_a_broker_restart(tmp_path: Path)
         broker.stop()
 
 
+@pytest.mark.integration
 async def test_requests_queued_while_away_arrive_in_order(mosquitto: Mosquitto) -> None:
     """A persistent session delivers what was published while the link was away right
     after the CONNACK, before the subscriptions are even confirmed: nothing is lost and
@@ -182,6 +211,7 @@ async def test_requests_queued_while_away_arrive_in_order(mosquitto: Mosquitto) 
     assert got == [str(i).encode() for i in range(n)]
 
 
+@pytest.mark.integration
 async def test_a_message_paho_refuses_is_dropped_and_the_link_keeps_going(mosquitto: Mosquitto) -> None:
     """A topic paho cannot publish to (a v5 response topic with a wildcard comes from a client)
     must neither crash the link nor block the send queue behind it."""
@@ -197,6 +227,7 @@ async def test_a_message_paho_refuses_is_dropped_and_the_link_keeps_going(mosqui
         await runner
 
 
+@pytest.mark.integration
 async def test_a_message_is_acknowledged_only_once_its_owner_says_so(persistent_mosquitto: Mosquitto) -> None:
     """Without ``ack()`` the broker keeps a QoS 1 request and sends it again on the next
     connection of the session; once acknowledged, it is gone."""
@@ -222,17 +253,16 @@ async def test_a_message_is_acknowledged_only_once_its_owner_says_so(persistent_
     # order the PUBLISHes came, so only 0's goes out (4's waits behind 1, 2 and 3).
     again[4].ack()
     again[0].ack()
-    await asyncio.sleep(0.2)  # the PUBACK is on the wire
+    await through_the_broker(owner)  # 0's PUBACK
     await owner.close([])
     await runner
 
     last: list[InMessage] = []
     check = make_link(port, "s2s-ack-test", last.append)
-    await run_until(check, lambda: len(last) >= 4)
-    await asyncio.sleep(0.3)  # nothing more may come
-    assert [m.payload for m in last] == expected[1:]
+    assert await run_until_marked(check, lambda: [m.payload for m in last], port) == expected[1:]
 
 
+@pytest.mark.integration
 async def test_a_handler_that_raises_neither_stops_the_intake_nor_wedges_the_session(mosquitto: Mosquitto) -> None:
     """``auto_ack``: a message is acknowledged once its handler returned or raised (a bug
     must not make the broker resend it forever); the next ones are still handled."""
@@ -255,11 +285,10 @@ async def test_a_handler_that_raises_neither_stops_the_intake_nor_wedges_the_ses
 
     again: list[bytes] = []
     link = make_link(mosquitto.port, "s2s-raise-test", lambda message: again.append(message.payload))
-    await run_until(link, link.connected.is_set)
-    await asyncio.sleep(0.3)
-    assert again == [], "acknowledged messages came again"
+    assert await run_until_marked(link, lambda: again, mosquitto.port) == [], "acknowledged messages came again"
 
 
+@pytest.mark.integration
 async def test_the_inbox_is_bounded_and_loses_nothing(mosquitto: Mosquitto) -> None:
     """A burst larger than the inbox, a slow handler: the socket stops being read at
     ``inbox_size`` (back-pressure), every message is handled once, in order.
@@ -276,7 +305,7 @@ async def test_the_inbox_is_bounded_and_loses_nothing(mosquitto: Mosquitto) -> N
     def slow(message: InMessage) -> None:
         depths.append(len(link.inbox))
         got.append(message.payload)
-        time.sleep(0.001)  # a slow handler, on the event loop on purpose
+        time.sleep(0.001)  # a slow handler, on the event loop on purpose: the behaviour under test
 
     link = make_link(mosquitto.port, "s2s-inbox-test", slow, inbox_size=size)
     runner = asyncio.create_task(link.run())
@@ -304,6 +333,7 @@ async def test_the_inbox_is_bounded_and_loses_nothing(mosquitto: Mosquitto) -> N
     assert max(depths) < size + PUBLISH_WINDOW
 
 
+@pytest.mark.slow
 async def test_connecting_never_blocks_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Name lookup, TCP connect and the TLS handshake (all blocking in paho) run in a
     thread: a broker that accepts and then says nothing stalls the link, not the loop."""
@@ -320,7 +350,7 @@ async def test_connecting_never_blocks_the_event_loop(monkeypatch: pytest.Monkey
         started = last = loop.time()
         longest = 0.0
         while loop.time() - started < 2.5:  # two handshakes time out meanwhile
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the measurement: how late the loop wakes us
             longest, last = max(longest, loop.time() - last), loop.time()
         assert writers, "the link never connected: the test proves nothing"
         assert longest < 0.5, f"the event loop stalled for {longest:.2f} s"

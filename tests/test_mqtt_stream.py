@@ -19,6 +19,8 @@ from tests.support.broker import Mosquitto
 from tests.support.daemon import DaemonProcess, daemon_in_process, write_config
 from tests.support.mqtt import Recorder, recorder
 
+pytestmark = pytest.mark.integration
+
 SAY = "s2s/kitchen/tts/say"
 STREAM = "s2s/kitchen/tts/stream"
 STOP = "s2s/kitchen/tts/stop"
@@ -116,7 +118,7 @@ async def test_stop_and_interrupt_mid_stream(tmp_path: Path, mosquitto: Mosquitt
         assert fin["b"]["status"] == "interrupted"
         assert fin["urgent"]["status"] == "completed"
         await piece(rec, "b", 1, "是。", end=True)
-        await asyncio.sleep(0.3)
+        await rec.barrier(SAY)
         assert set(rec.finished()) == {"a", "b", "urgent"}  # one answer each (finished() checks)
 
 
@@ -127,7 +129,7 @@ async def test_a_stream_beside_ordinary_says_keeps_its_place(tmp_path: Path, mos
         await piece(rec, "mid", 0, "慢慢")
         await rec.say(SAY, {"id": "after", "text": "后说。"})
         for seq, text in enumerate(["地", "写。"], start=1):
-            await asyncio.sleep(0.2)  # an LLM's pace
+            await asyncio.sleep(0.2)  # an LLM's pace: the scenario
             await piece(rec, "mid", seq, text, end=seq == 2)
         fin = await rec.wait_finished(["before", "mid", "after"])
         assert {fin[i]["status"] for i in fin} == {"completed"}
@@ -224,7 +226,7 @@ async def test_a_stream_cut_by_a_crash_is_answered_once_after_the_restart(tmp_pa
             await rec.say(SAY, {"id": "next", "text": "好。"})
             fin = await rec.wait_finished(["cut", "next"], timeout_s=15)
             assert fin["next"]["status"] == "completed"
-            await asyncio.sleep(0.3)
+            await rec.barrier(SAY)
             assert set(rec.finished()) == {"cut", "next"}  # one answer each
         proc.signal(signal.SIGTERM)
         assert await proc.wait(15) == 0

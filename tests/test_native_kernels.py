@@ -68,6 +68,7 @@ def _linear(n: int, k: int, bias: bool, seed: int = 0) -> nn.Linear:
     return layer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
 def test_packing_error_is_within_half_a_step(path: Any, fmt: str) -> None:
     layer = _linear(48, 256, bias=False)
@@ -406,7 +407,7 @@ def _slowed(fn: Any, delay_s: float) -> Any:
     import time
 
     def slow(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(delay_s)
+        time.sleep(delay_s)  # the slower kernel the test needs: the behaviour under test
         return fn(*args, **kwargs)
 
     return slow
@@ -438,6 +439,7 @@ def test_native_row_limit_keeps_the_blocked_product_where_the_blas_is_slower(
     assert native_row_limit(ext, torch.randn(64, 64)) == ext.MAX_BLOCKED_ROWS
 
 
+@pytest.mark.slow
 def test_the_kernels_let_go_of_the_gil(ext: Any) -> None:
     """A long native call (a prefill, a decoder chunk) must not freeze the event loop: stops, MQTT,
     signals (a second Ctrl-C) and the watchdog run beside it. Holding the GIL, the ticker below ticked
@@ -468,7 +470,7 @@ def test_the_kernels_let_go_of_the_gil(ext: Any) -> None:
         running.wait(5)
         while not done.is_set():  # Python bytecode: every tick needs the GIL
             ticks.append(time.perf_counter())
-            time.sleep(0.001)
+            time.sleep(0.001)  # the measurement: a tick each millisecond the GIL allows
         worker.join(60)
     finally:
         torch.set_num_threads(threads)
@@ -477,6 +479,7 @@ def test_the_kernels_let_go_of_the_gil(ext: Any) -> None:
     assert inside >= 100 * (ended - began), f"{inside} ticks in {ended - began:.2f} s of a native call"
 
 
+@pytest.mark.slow
 def test_the_kernels_release_the_gil(ext: Any) -> None:
     """A long product on one thread leaves the interpreter to the others (the event loop, a codec
     push on its own thread): the main thread runs Python code while the product is still running.
@@ -503,7 +506,9 @@ def test_the_kernels_release_the_gil(ext: Any) -> None:
     worker = threading.Thread(target=product)
     worker.start()
     assert inside.wait(10)
-    time.sleep(0.05)  # into the product
+    # Into the product (half a second at least): no event can say the thread is inside the native
+    # call; a margin is all there is.
+    time.sleep(0.05)
     total = sum(range(10_000))  # Python code: needs the GIL
     running = worker.is_alive()
     worker.join()

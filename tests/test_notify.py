@@ -20,6 +20,7 @@ import pytest
 
 from s2s_daemon.errors import EXIT_OK
 from s2s_daemon.notify import SystemdNotifier
+from tests.support.wait import until_blocking
 
 REPO = Path(__file__).resolve().parent.parent
 WATCHDOG_USEC = 400_000
@@ -152,16 +153,18 @@ def broker(tmp_path: Path) -> Iterator[str]:
     conf = tmp_path / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n", encoding="utf-8")
     proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def listening() -> bool:
+        if proc.poll() is not None:
+            pytest.fail(f"mosquitto exited {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            return False
+        return True
+
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail("mosquitto did not start")
-                time.sleep(0.05)
+        until_blocking(listening, 10, "mosquitto listening")
         yield f"{{broker: external, host: 127.0.0.1, port: {port}}}"
     finally:
         proc.terminate()
@@ -188,6 +191,7 @@ def wait_for(
     pytest.fail(f"no such notification within {timeout_s} s; got {[d.fields for d in seen]}\n{log.read_text()[-4000:]}")
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_daemon_sends_ready_watchdog_stopping_in_order(
     notify_socket: tuple[socket.socket, str], broker: str, tmp_path: Path

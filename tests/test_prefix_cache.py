@@ -69,6 +69,7 @@ def pair() -> Iterator[tuple[TorchQwen3Engine, TorchQwen3Engine]]:
     whole.close_blocking()
 
 
+@pytest.mark.slow
 def test_a_new_sentence_in_the_same_voice_reuses_the_voices_positions(
     pair: tuple[TorchQwen3Engine, TorchQwen3Engine],
 ) -> None:
@@ -117,6 +118,7 @@ def test_another_voice_shares_only_the_role_positions(pair: tuple[TorchQwen3Engi
     assert torch.equal(_decode(cached, _request(cached, "The kettle is boiling.", voice=1))[1], ref_codes)
 
 
+@pytest.mark.slow
 def test_the_cache_holds_at_most_its_rows_most_recent_first() -> None:
     engine = _engine(prefix_cache_rows="40")
     try:
@@ -138,6 +140,7 @@ def test_the_cache_holds_at_most_its_rows_most_recent_first() -> None:
         engine.close_blocking()
 
 
+@pytest.mark.slow
 def test_batched_requests_reuse_too_and_decode_the_same() -> None:
     """``TalkerRuntime.start`` (the batch's prefill) takes kept positions as ``frames`` does."""
     cached, whole = _engine(), _engine(prefix_cache_rows="0")

@@ -4,7 +4,6 @@ a minute of loading is what this prevents."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import subprocess
@@ -20,6 +19,9 @@ from s2s_daemon.config import load_config
 from s2s_daemon.pipeline.journal import RequestJournal
 from tests.support.broker import free_port
 from tests.support.daemon import REPO, DaemonProcess, write_config
+from tests.support.wait import until
+
+pytestmark = pytest.mark.integration
 
 BASE: dict[str, Any] = {"mqtt": {"broker": "external"}, "journal": {"enabled": False}, "audio": {"sink": "discard"}}
 
@@ -154,11 +156,7 @@ async def test_a_second_daemon_names_the_first(tmp_path: Path, listening: int) -
     first.start()
     try:
         journal = path.with_suffix(".journal.sqlite3")
-        for _ in range(200):
-            if "journal_opened" in first.log():
-                break
-            await asyncio.sleep(0.05)
-        assert "journal_opened" in first.log()
+        await until(lambda: "journal_opened" in first.log(), 10, "the first daemon's journal opened")
         second.start()
         assert await second.wait(60) == 69
         assert first.proc is not None

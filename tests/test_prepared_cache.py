@@ -77,6 +77,7 @@ def _entries(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if not p.name.startswith("."))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_a_warm_start_gives_the_cold_starts_codes(ext: Any, tmp_path: Path, fmt: str) -> None:
     root = tmp_path / "prepared"
@@ -133,6 +134,7 @@ def test_prepared_tensors_equal_the_whole_model_pipeline(ext: Any, tmp_path: Pat
     assert got.talker.model.native is not None
 
 
+@pytest.mark.slow
 def test_the_entry_is_keyed_by_format_checkpoint_and_layout(
     ext: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -171,6 +173,7 @@ def _age(entry: Path, days: float) -> None:
     os.utime(entry / "key.json", (when, when))
 
 
+@pytest.mark.slow
 def test_an_entry_an_upgrade_superseded_goes_once_unused_for_a_week(
     ext: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -317,6 +320,7 @@ def _with_tables(folder: Path, dtype: Any, rounded_to: Any = None) -> Path:
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["int8", "float32"])
 def test_codec_tables_stay_in_the_stored_dtype_and_give_the_same_codes(ext: Any, tmp_path: Path, fmt: str) -> None:
     """bfloat16 tables stay bfloat16 (mapped from the checkpoint, not widened into the entry) and

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 
 import pytest
 from structlog.testing import capture_logs
 
 from s2s_daemon import progress
 from s2s_daemon.progress import Progress
+from tests.support.wait import until_blocking
 
 
 class Terminal(io.StringIO):
@@ -57,7 +57,8 @@ def test_a_terminal_gets_a_bar_redrawn_in_place_and_cleared_at_the_end() -> None
 def test_one_long_call_is_measured_against_its_expected_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(progress, "LOG_EVERY_S", 0.05)
     with capture_logs() as logs, Progress("warming_up", expected_s=10.0, terminal=False):
-        time.sleep(0.4)
+        # the long call: it lasts until the progress has spoken twice
+        until_blocking(lambda: len([e for e in logs if e["event"] == "step_progress"]) >= 2, 10, "two lines")
     lines = [e for e in logs if e["event"] == "step_progress"]
     assert lines and all(0 <= e["percent"] <= 99 and 9.0 < e["left_s"] <= 10.0 for e in lines)
     assert not [t for t in threading.enumerate() if t.name.startswith("s2s.progress.")]

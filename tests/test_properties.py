@@ -60,6 +60,7 @@ def test_any_bytes_are_a_request_or_a_coded_rejection(payload: bytes) -> None:
     check_parsed(payload)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(say_objects)
 def test_any_json_object_is_a_request_or_a_coded_rejection(data: dict[str, Any]) -> None:
@@ -83,6 +84,7 @@ class _Quiet:
         return None
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.binary(max_size=200) | say_objects.map(lambda d: json.dumps(d).encode()))
 def test_any_stop_payload_is_handled_or_logged(payload: bytes) -> None:
@@ -108,6 +110,7 @@ config_trees = st.dictionaries(
 ENV_KEYS = ["S2S_MQTT__PORT", "S2S_TTS__CHUNK_FRAMES", "S2S_QUEUE__MAX_PENDING", "S2S_LOG__LEVEL", "S2S_MQTT__PROT"]
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(config_trees)
 def test_any_config_loads_or_names_the_key(tree: dict[str, Any]) -> None:

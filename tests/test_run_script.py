@@ -7,7 +7,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.support.daemon import REPO
+
+pytestmark = pytest.mark.integration
 
 
 def fake_tool(folder: Path, name: str, body: str) -> None:

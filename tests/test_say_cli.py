@@ -16,7 +16,7 @@ import pytest
 from s2s_daemon.errors import EXIT_CONFIG, EXIT_OK
 from tests.support.daemon import REPO
 
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.timeout(90)]
 
 TINY = REPO / "tests" / "fixtures" / "qwen3_tiny" / "custom_voice"
 

@@ -15,7 +15,7 @@ import yaml
 
 from tests.support.daemon import REPO
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
 def start(tmp_path: Path, out: Path) -> subprocess.Popen[bytes]:
@@ -55,7 +55,7 @@ def test_say_dash_speaks_each_sentence_before_its_input_ends(tmp_path: Path) -> 
         lines.append(proc.stdout.readline())
     proc.stdin.write("见".encode()[:2])  # a character split across two reads
     proc.stdin.flush()
-    time.sleep(0.2)
+    time.sleep(0.2)  # the scenario: a pause, so that the character's two halves come in two reads
     proc.stdin.write("见".encode()[2:] + "。".encode())
     proc.stdin.close()
     rest = proc.stdout.read()

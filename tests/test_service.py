@@ -153,6 +153,7 @@ def verify(unit: Path, *, user: bool, tmp_path: Path) -> str:
     return (done.stdout + done.stderr).strip() + ("" if done.returncode == 0 else f"\n(exit status {done.returncode})")
 
 
+@pytest.mark.integration
 @needs_systemd_analyze
 @pytest.mark.parametrize("scope", ["user", "system"])
 def test_rendered_unit_passes_systemd_analyze_verify(scope: service.Scope, odd_config: Path, tmp_path: Path) -> None:
@@ -161,6 +162,7 @@ def test_rendered_unit_passes_systemd_analyze_verify(scope: service.Scope, odd_c
     assert verify(unit, user=scope == "user", tmp_path=tmp_path) == ""
 
 
+@pytest.mark.integration
 @needs_systemd_analyze
 def test_verify_does_report_a_broken_unit(tmp_path: Path) -> None:
     """The check above can fail: an unknown key and a missing interpreter are reported."""
@@ -173,6 +175,7 @@ def test_verify_does_report_a_broken_unit(tmp_path: Path) -> None:
     assert "/nonexistent/python" in output
 
 
+@pytest.mark.integration
 @needs_systemd_analyze
 def test_system_unit_security_exposure_is_low(tmp_path: Path) -> None:
     unit = tmp_path / UNIT_NAME
@@ -189,6 +192,7 @@ def test_system_unit_security_exposure_is_low(tmp_path: Path) -> None:
     assert loose.returncode != 0
 
 
+@pytest.mark.integration
 @needs_systemd_analyze
 def test_sysusers_file_creates_the_dedicated_user(tmp_path: Path) -> None:
     root = tmp_path / "root"
@@ -551,6 +555,7 @@ def test_print_through_the_handler(capsys: pytest.CaptureFixture[str], config: P
     assert value(capsys.readouterr().out, "Service", "Type") == "notify"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("platform", ["systemd", "launchd"])
 def test_cli_print_writes_only_the_rendered_file(platform: str, config: Path, tmp_path: Path) -> None:
     """`s2s-daemon service print > file` must give a usable file: nothing else on stdout."""

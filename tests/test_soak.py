@@ -26,6 +26,7 @@ def load_soak() -> ModuleType:
     return module
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_soak_of_300_utterances_answers_each_once_and_leaks_nothing() -> None:

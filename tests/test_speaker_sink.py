@@ -29,6 +29,7 @@ from tests.support.pulse import (
     locate,
     pulse_server,  # noqa: F401  (fixture)
 )
+from tests.support.wait import until
 
 ENGINE_RATE = 24_000
 CHUNK = 960
@@ -55,7 +56,7 @@ async def feed(utt: Utterance, samples: npt.NDArray[np.float32], speed: float, c
     start = time.monotonic()
     arrivals = []
     for i in range(0, len(samples), chunk):
-        if speed > 0:
+        if speed > 0:  # the pace of an engine: the behaviour under test
             due = start + (i / ENGINE_RATE) / speed
             await asyncio.sleep(max(0.0, due - time.monotonic()))
         arrivals.append(time.monotonic())
@@ -70,6 +71,11 @@ def reference(samples: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     return np.asarray(soxr.resample(samples, ENGINE_RATE, SPEAKER_RATE_HZ, quality="HQ"), np.float32)
 
 
+def loud_s(recording: npt.NDArray[np.float32]) -> float:
+    """Seconds of the recording above silence."""
+    return int(np.count_nonzero(np.abs(recording) > 1e-3)) / SPEAKER_RATE_HZ
+
+
 def rms(x: npt.NDArray[np.float32]) -> float:
     return float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))) if len(x) else 0.0
 
@@ -78,13 +84,14 @@ async def play_and_record(
     server: PulseServer, sink: SpeakerSink, samples: npt.NDArray[np.float32], speed: float, volume: float = 1.0
 ) -> tuple[PlaybackReport, list[float], npt.NDArray[np.float32], list[float]]:
     recorder = server.record("spk.monitor", SPEAKER_RATE_HZ)
-    await asyncio.sleep(0.3)
+    await until(lambda: recorder.seconds() >= 0.3, 10, "0.3 s recorded before")
     utt = utterance(volume)
     firsts: list[float] = []
     feeder = asyncio.create_task(feed(utt, samples, speed))
     report = await sink.play(utt, firsts.append)
     arrivals = await feeder
-    await asyncio.sleep(0.3)
+    end = recorder.seconds()
+    await until(lambda: recorder.seconds() >= end + 0.3, 10, "0.3 s recorded after")
     recording = await asyncio.to_thread(recorder.stop)
     return report, firsts, recording, arrivals
 
@@ -102,6 +109,7 @@ async def speaker(pulse_server: PulseServer) -> AsyncIterator[SpeakerSink]:  # n
 # --- real playback --------------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(60)
 async def test_streamed_utterance_plays_intact_without_underruns(
@@ -136,6 +144,7 @@ async def test_streamed_utterance_plays_intact_without_underruns(
     assert stats.callback_p99_ms < stats.period_ms
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(60)
 async def test_slow_engine_underruns_are_counted(
@@ -159,6 +168,7 @@ async def test_slow_engine_underruns_are_counted(
     )
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(60)
 async def test_volume_scales_the_output(
@@ -174,6 +184,7 @@ async def test_volume_scales_the_output(
     assert ratio == pytest.approx(0.5, rel=0.03)
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(60)
 async def test_cancel_flushes_within_one_period_and_the_sink_plays_on(
@@ -181,13 +192,14 @@ async def test_cancel_flushes_within_one_period_and_the_sink_plays_on(
     speaker: SpeakerSink,
 ) -> None:
     recorder = pulse_server.record("spk.monitor", SPEAKER_RATE_HZ)
-    await asyncio.sleep(0.3)
+    await until(lambda: recorder.seconds() >= 0.3, 10, "0.3 s recorded before")
     utt = utterance(uid="long")
     feeder = asyncio.create_task(feed(utt, make_signal(6.0, seed=3), speed=0))
     firsts: list[float] = []
     play = asyncio.create_task(speaker.play(utt, firsts.append))
-    await asyncio.sleep(0.8)
-    assert firsts, "playback should have started"
+    await until(lambda: firsts, 10, "playback started")
+    # some of it heard (the recording lags the callback by the server's latency)
+    await until(lambda: loud_s(recorder.samples()) >= 0.3, 10, "0.3 s heard", interval_s=0.05)
     cancelled_at = time.monotonic()
     play.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -200,11 +212,11 @@ async def test_cancel_flushes_within_one_period_and_the_sink_plays_on(
     assert speaker._flush_at > cancelled_at
     assert speaker._flush_at - cancelled_at <= period_s + 0.015
     assert returned_at - cancelled_at < 3 * period_s + 0.1
-    await asyncio.sleep(0.5)
+    end = recorder.seconds()
+    await until(lambda: recorder.seconds() >= end + 0.5, 10, "0.5 s recorded after")
     recording = await asyncio.to_thread(recorder.stop)
-    loud = np.nonzero(np.abs(recording) > 1e-3)[0]
-    # Sound stopped well before the 6 s utterance would have ended: 0.8 s played + latency.
-    assert len(loud) / SPEAKER_RATE_HZ < 1.2
+    # Sound stopped well before the 6 s utterance would have ended: what was heard + latency.
+    assert loud_s(recording) < 1.2
     # The sink is usable right away.
     report, firsts2, recording2, _ = await play_and_record(pulse_server, speaker, make_signal(0.5, seed=4), speed=0)
     assert firsts2 and report.audio_ms > 490
@@ -212,6 +224,7 @@ async def test_cancel_flushes_within_one_period_and_the_sink_plays_on(
     assert peak > 0.99
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(60)
 async def test_missing_device_is_an_audio_error_with_backoff(
@@ -227,6 +240,7 @@ async def test_missing_device_is_an_audio_error_with_backoff(
     await sink.close()
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(90)
 async def test_device_lost_mid_utterance_is_an_audio_error_then_reopens(
@@ -241,8 +255,9 @@ async def test_device_lost_mid_utterance_is_an_audio_error_then_reopens(
             await sink.open()
             utt = utterance(uid="lost")
             feeder = asyncio.create_task(feed(utt, make_signal(6.0, seed=5), speed=1.5))
-            play = asyncio.create_task(sink.play(utt, lambda at: None))
-            await asyncio.sleep(1.0)
+            firsts: list[float] = []
+            play = asyncio.create_task(sink.play(utt, firsts.append))
+            await until(lambda: firsts, 10, "playback started")
             await asyncio.to_thread(own.stop)  # the sound server (the device) disappears
             lost_at = time.monotonic()
             with pytest.raises(AudioDeviceError):
@@ -251,7 +266,7 @@ async def test_device_lost_mid_utterance_is_an_audio_error_then_reopens(
             feeder.cancel()
             await asyncio.gather(feeder, return_exceptions=True)
             own.start()
-            await asyncio.sleep(1.0)  # past the first backoff
+            await until(lambda: time.monotonic() >= sink._retry_at, 10, "the first backoff over")
             utt = utterance(uid="back")
             feeder = asyncio.create_task(feed(utt, make_signal(0.3, seed=6), speed=0))
             report = await sink.play(utt, lambda at: None)
@@ -449,6 +464,7 @@ def test_devices_subcommand(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     assert args.func(args) == 69
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 def test_devices_lists_the_pulse_device(pulse_server: PulseServer) -> None:  # noqa: F811  (fixture)
     names = [d.name for d in devices_module.list_devices()]

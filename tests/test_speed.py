@@ -87,6 +87,7 @@ def test_out_of_range_or_without_the_extra_is_a_400_that_says_why(monkeypatch: p
     assert parse_speech(b'{"input": "hi", "speed": 1.0}').speed == 1.0  # the model's pace needs nothing
 
 
+@pytest.mark.integration
 async def test_the_sdk_gets_faster_and_slower_speech_at_the_same_pitch(tmp_path: Path, mosquitto: Mosquitto) -> None:
     text = "The kettle has boiled, come and get your tea."  # 1.76 s of a 440 Hz tone
     async with speech_api(tmp_path, mosquitto) as api, api.client() as client:
@@ -104,6 +105,7 @@ async def test_the_sdk_gets_faster_and_slower_speech_at_the_same_pitch(tmp_path:
             assert finished["audioMs"] == pytest.approx(tone_samples(text) / speed / 24.0, abs=1.0)  # what was sent
 
 
+@pytest.mark.integration
 async def test_a_stretched_response_still_streams(tmp_path: Path, mosquitto: Mosquitto) -> None:
     text = "x" * 100  # 4 s of audio, made in 1 s at the tone engine's speed 4; 8 s once slowed down
     fast = {"tts": {"options": {"speed": "4"}}}
@@ -126,6 +128,7 @@ async def test_a_stretched_response_still_streams(tmp_path: Path, mosquitto: Mos
     assert len(data) == 2 * round(tone_samples(text) / 0.5)
 
 
+@pytest.mark.integration
 async def test_speed_is_refused_clearly_through_the_sdk(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with speech_api(tmp_path, mosquitto) as api, api.client() as client:
         with pytest.raises(openai.BadRequestError) as bad:

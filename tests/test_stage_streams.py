@@ -32,6 +32,7 @@ from s2s_daemon.tts.registry import create_engine
 from s2s_daemon.tts.worker import EngineWorker
 from s2s_daemon.wiring import SpeechStages, build_stages
 from tests.support.events import Events
+from tests.support.wait import loop_turns, until
 
 FRAME_S = 0.08
 LONG = "x" * 300
@@ -73,7 +74,7 @@ class Speaker:
                     first = time.monotonic()
                     on_first_sample(first)
                 samples += len(chunk)
-                await asyncio.sleep(len(chunk) / utterance.sample_rate / self.speed)
+                await asyncio.sleep(len(chunk) / utterance.sample_rate / self.speed)  # plays in (scaled) real time
         finally:
             self.playing -= 1
         return PlaybackReport(first, time.monotonic(), 1000.0 * samples / utterance.sample_rate)
@@ -155,7 +156,7 @@ async def test_the_queue_hands_its_consumer_the_first_request_it_accepts() -> No
     calls = lambda r: r.id.startswith("call")  # noqa: E731
     assert [(await q.get(calls)).id for _ in range(2)] == ["call2", "call1"]
     waiter = asyncio.create_task(q.get(calls))
-    await asyncio.sleep(0.01)
+    await loop_turns()
     assert not waiter.done()  # what it refuses keeps its place
     q.offer(request("call3"))
     assert (await asyncio.wait_for(waiter, 1)).id == "call3"
@@ -163,7 +164,7 @@ async def test_the_queue_hands_its_consumer_the_first_request_it_accepts() -> No
     room = False
     waiter = asyncio.create_task(q.get(lambda r: room))
     q.close()  # closed, but "room1" and "room2" still wait
-    await asyncio.sleep(0.01)
+    await loop_turns()
     assert not waiter.done()
     room = True
     q.reconsider()
@@ -194,8 +195,7 @@ async def test_stopping_one_caller_leaves_the_other_whole() -> None:
     async with stage() as s:
         gone, _ = s.call("gone", LONG, read=False)
         kept, kept_stream = s.call("kept", LONG, read=False)
-        while gone.timeline.first_chunk is None or kept.timeline.first_chunk is None:  # noqa: ASYNC110 -- both running
-            await asyncio.sleep(0.01)
+        await until(lambda: gone.timeline.first_chunk and kept.timeline.first_chunk, 10, "both running")
         assert s.stages.ledger.stop_id("gone")
         await s.done(gone)
         assert s.status("gone") is Status.INTERRUPTED
@@ -226,8 +226,7 @@ async def test_an_interrupt_stops_the_speaker_not_a_caller() -> None:
     async with stage(speaker=speaker) as s:
         caller, caller_stream = s.call("caller", LONG, read=False)
         playing = s.say("playing", "x" * 50)  # two seconds in the room
-        while playing.timeline.first_sample_out is None:  # noqa: ASYNC110 -- until it plays in the room
-            await asyncio.sleep(0.01)
+        await until(lambda: playing.timeline.first_sample_out is not None, 10, "it plays in the room")
         urgent = s.say("urgent", "now", interrupt=True)
         await s.done(playing, urgent, timeout_s=5)
         assert speaker.played == ["playing", "urgent"]
@@ -270,7 +269,8 @@ async def test_one_stream_keeps_a_caller_behind_an_unread_one() -> None:
     async with stage(max_streams=1) as s:
         held, held_stream = s.call("held", LONG, read=False)
         behind, _ = s.call("behind", "y" * 10)
-        await asyncio.sleep(0.3)
+        await until(lambda: held.timeline.first_chunk is not None, 10, "the first one running")
+        await loop_turns()
         assert behind.timeline.dequeued is None  # the one place is taken
         s.read(held, held_stream)
         await s.done(held, behind)
@@ -294,7 +294,8 @@ async def test_a_caller_passes_the_speakers_backlog() -> None:
     speaker = Speaker(speed=1)
     async with stage(speaker=speaker) as s:
         room = [s.say(f"room{i}", "x" * 50) for i in range(5)]  # two seconds each
-        await asyncio.sleep(0.3)
+        await until(lambda: room[4].timeline.dequeued is not None, 10, "the fifth taken")
+        await loop_turns()
         # The speaker plays the first; the next three are made and wait (in the speaker's channel,
         # in the playback stage's hand, in the channel to it): the fifth waits for room.
         assert room[4].timeline.dequeued is not None and room[4].timeline.synth_started is None
@@ -312,11 +313,11 @@ async def test_shutdown_waits_for_every_synthesis_begun() -> None:
         held, held_stream = s.call("held", LONG, read=False)
         room = s.say("room", LONG)  # a second on this speaker
         s.say("queued", "never spoken")
-        while held.timeline.first_chunk is None or room.timeline.first_chunk is None:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+        await until(lambda: held.timeline.first_chunk and room.timeline.first_chunk, 10, "both running")
         s.stages.ledger.close()  # the drain's first step
         assert s.status("queued") is Status.CANCELLED
-        await asyncio.sleep(0.2)
+        await s.done(room)  # all that is left is the unread caller's
+        await loop_turns()
         assert not s.runner.done() and not s.stages.tts.utterances.closed  # "held" is still being made
         s.read(held, held_stream)
         await asyncio.wait_for(s.runner, 10)

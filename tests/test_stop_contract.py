@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from s2s_daemon.app import Daemon
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import DiscardSink
 from s2s_daemon.events.publisher import finished_payload
@@ -34,6 +37,7 @@ from tests.support.broker import Mosquitto
 from tests.support.daemon import daemon_in_process, write_config
 from tests.support.mqtt import Recorder, recorder
 from tests.support.pulse import PulseServer, pulse_server  # noqa: F401  (fixture)
+from tests.support.wait import until
 
 
 class Seen:
@@ -96,7 +100,7 @@ async def test_a_first_sample_before_the_stop_reported_late_is_interrupted() -> 
     d.record(job, OnSpeaker(time.monotonic()))
     d.record(job, ChunkMade(time.monotonic(), 2.0))
     played_at = time.monotonic()
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the scenario: 10 ms heard before the stop (audioMs counts them)
     assert d.stop_current()  # the stop came after the first sample, which was reported after it
     d.record(job, FirstSample(played_at))
     d.record(job, PlaybackEnded(time.monotonic()))
@@ -133,9 +137,7 @@ async def test_a_stop_while_the_speaker_prebuffers_is_cancelled_without_a_start(
     tasks = [asyncio.create_task(tts.run()), asyncio.create_task(playback.run())]
     try:
         job = ledger.submit(req("held", "a sentence long enough to need a few seconds of buffer first"))
-        async with asyncio.timeout(10):
-            while job.timeline.chunks < 3:  # noqa: ASYNC110 -- the speaker has audio, and holds it
-                await asyncio.sleep(0.01)
+        await until(lambda: job.timeline.chunks >= 3, 10, "the speaker has audio, and holds it")
         assert job.timeline.first_sample_out is None
         assert ledger.stop_current()
         await asyncio.wait_for(job.done.wait(), 10)
@@ -166,32 +168,36 @@ def assert_cancelled_unheard(rec: Recorder, rid: str, fin: dict[str, dict[str, A
     assert rid not in [p["id"] for p in rec.payloads("/metrics/latency")]
 
 
-async def held(rec: Recorder, rid: str) -> None:
+async def held(rec: Recorder, daemon: Daemon, rid: str) -> None:
     """Say ``HELD_TEXT`` and wait until the engine made some of it: the speaker is prebuffering."""
     await rec.wait_for(lambda: any(m.payload == b"online" for m in rec.on("/status")))
     await rec.say(SAY, {"id": rid, "text": HELD_TEXT})
-    await rec.wait_for(lambda: any(p["currentId"] == rid for p in rec.payloads("/state")))
-    await asyncio.sleep(1.0)  # two chunks and more made; 4.6 s of holding to go
+    assert daemon._parts is not None
+    jobs = daemon._parts.stages.ledger.jobs
+    # two chunks made (polled: no event says so); 4.6 s of holding to go
+    await until(lambda: rid in jobs and jobs[rid].timeline.chunks >= 2, 10, "two chunks made")
 
 
+@pytest.mark.integration
 async def test_a_stop_or_an_interrupt_while_prebuffering_is_cancelled_unheard(
     tmp_path: Path,
     mosquitto: Mosquitto,
     pulse_server: PulseServer,  # noqa: F811  (fixture)
 ) -> None:
     config = write_config(tmp_path / "daemon.yaml", mosquitto.port, **SLOW_ON_A_SPEAKER)
-    async with recorder(mosquitto.port) as rec, daemon_in_process(config):
-        await held(rec, "stopped")
+    async with recorder(mosquitto.port) as rec, daemon_in_process(config) as daemon:
+        await held(rec, daemon, "stopped")
         await rec.say(STOP, {})
         fin = await rec.wait_finished(["stopped"])
         assert_cancelled_unheard(rec, "stopped", fin)
-        await held(rec, "overtaken")
+        await held(rec, daemon, "overtaken")
         await rec.say(SAY, {"id": "urgent", "text": "now", "interrupt": True})
         fin = await rec.wait_finished(["overtaken", "urgent"], timeout_s=20)
         assert_cancelled_unheard(rec, "overtaken", fin)
         assert fin["urgent"]["status"] == "completed"
 
 
+@pytest.mark.integration
 async def test_a_drain_that_times_out_while_prebuffering_is_cancelled_unheard(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -202,7 +208,7 @@ async def test_a_drain_that_times_out_while_prebuffering_is_cancelled_unheard(
     )
     async with recorder(mosquitto.port) as rec:
         async with daemon_in_process(config) as daemon:
-            await held(rec, "draining")
+            await held(rec, daemon, "draining")
             daemon.request_stop()  # what SIGINT and SIGTERM do
         fin = await rec.wait_finished(["draining"])
         assert_cancelled_unheard(rec, "draining", fin)

@@ -22,6 +22,7 @@ from s2s_daemon.tts.registry import create_engine
 from s2s_daemon.tts.stage import TtsStage
 from s2s_daemon.tts.worker import EngineWorker
 from tests.support.events import Events
+from tests.support.wait import loop_turns, until
 
 
 async def read_all(feed: TextFeed, stopped: asyncio.Event | None = None) -> list[str]:
@@ -49,9 +50,13 @@ async def test_sentences_come_while_the_text_is_still_written() -> None:
             got.append((sentence, feed.pieces))
 
     task = asyncio.create_task(reader())
-    for seq, piece in enumerate(["The first ", "sentence. The", " second one", " is longer."]):
+    for seq, piece in enumerate(["The first ", "sentence. The"]):
         feed.add(seq, piece)
-        await asyncio.sleep(0.01)
+        await loop_turns()
+    await until(lambda: got, 5, "the first sentence")
+    for seq, piece in enumerate([" second one", " is longer."], start=2):
+        feed.add(seq, piece)
+        await loop_turns()
     assert got == [("The first sentence.", 2)]  # spoken before the rest was written
     feed.add(4, "", last=True)
     await asyncio.wait_for(task, 1)
@@ -83,7 +88,7 @@ async def test_a_stop_ends_the_reading_at_once() -> None:
     stopped = asyncio.Event()
     feed.add(0, "Never finished")
     task = asyncio.create_task(read_all(feed, stopped))
-    await asyncio.sleep(0.05)
+    await until(lambda: feed.waiting, 5, "the reader waiting for more")
     stopped.set()
     assert await asyncio.wait_for(task, 1) == []
 
@@ -161,7 +166,7 @@ async def test_the_stage_speaks_each_sentence_once_its_writer_completes_it() -> 
         feed = TextFeed(1000, 5.0)
         job = rig.submit("s", feed)
         feed.add(0, "One sentence here. And")
-        await asyncio.sleep(0.3)
+        await until(lambda: rig.seen and feed.waiting, 5, "the first sentence spoken, the stage waiting")
         assert [t for t, _ in rig.seen] == ["One sentence here."]
         written = time.monotonic()
         feed.add(1, " another one.", last=True)
@@ -187,7 +192,7 @@ async def test_an_early_end_speaks_what_came_then_says_why(end: FeedEnd, code: E
         feed = TextFeed(1000, 30.0)
         job = rig.submit("s", feed)
         feed.add(0, "What came before the end")
-        await asyncio.sleep(0.1)
+        await until(lambda: feed.waiting, 5, "the stage waiting for more")
         feed.stop(end, "it ended")
         await asyncio.wait_for(job.done.wait(), 5)
         assert [t for t, _ in rig.seen] == ["What came before the end"]
@@ -206,7 +211,7 @@ async def test_a_stream_closed_without_text_is_an_error_and_a_stop_ends_a_waitin
         waiting = TextFeed(1000, 30.0)
         job = rig.submit("waiting", waiting)
         waiting.add(0, "A sentence. And then nothing")
-        await asyncio.sleep(0.3)
+        await until(lambda: rig.seen and waiting.waiting, 5, "the first sentence spoken, the stage waiting")
         assert rig.ledger.stop_id("waiting")
         await asyncio.wait_for(job.done.wait(), 2)
         assert job.status is Status.INTERRUPTED

@@ -41,6 +41,7 @@ def bound(text: str) -> int:
     return MAX_GROWTH * len(text) + MAX_GROWTH_CHARS * (text.count("\n") + len(text) // 100 + 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", HOSTILE)
 def test_hostile_text_gives_a_bounded_result_and_the_same_one_streamed(name: str) -> None:
     text = HOSTILE[name](20_000)
@@ -60,6 +61,7 @@ def test_hostile_text_gives_a_bounded_result_and_the_same_one_streamed(name: str
     assert len(streamed) <= bound(text)
 
 
+@pytest.mark.slow
 def test_the_ten_thousand_row_table_reads_each_row() -> None:
     text = "| n | square |\n|---|---|\n" + "".join(f"| {i} | {i * i} |\n" for i in range(10_000))
     lines = prepare_text(text, TextOptions(), "en").text.split("\n")
@@ -106,6 +108,7 @@ TOKENS = [
 ]
 
 
+@pytest.mark.slow
 def test_any_mix_in_any_deltas_is_spoken_as_the_whole_and_never_raises() -> None:
     """Two thousand texts of Markdown's marks, numbers, addresses, emoji and scripts in random
     order, with random options and languages, each streamed in random deltas."""

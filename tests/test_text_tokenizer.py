@@ -43,6 +43,7 @@ def test_the_same_ids_as_transformers(kind: str) -> None:
         assert fast(text)["input_ids"] == list(reference(text)["input_ids"]), text  # type: ignore[operator]
 
 
+@pytest.mark.slow
 def test_the_same_ids_as_transformers_with_the_released_vocabulary_size(tmp_path: Path) -> None:
     """The 0.6B layout's tokenizer (151,643 ordinary entries, specials from 151,643 on)."""
     from s2s_daemon.tools import checkpoint_layout as layout
@@ -80,6 +81,7 @@ def test_a_malformed_tokenizer_json_is_a_checkpoint_error(tmp_path: Path) -> Non
         engine._load_tokenizer(tmp_path)
 
 
+@pytest.mark.integration
 def test_the_engine_loads_and_speaks_without_importing_transformers() -> None:
     """Made as the daemon makes it (the registry checks the torch extra's packages)."""
     code = (

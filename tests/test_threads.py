@@ -20,6 +20,7 @@ from s2s_daemon.tts.threads import (
     prepare_openmp,
     read_times,
 )
+from tests.support.wait import until_blocking
 
 # -- the wait policy ------------------------------------------------------------------------
 
@@ -222,12 +223,6 @@ def test_the_watch_thread_starts_and_stops() -> None:
     watch = CpuWatch(machine.read, lambda: None, lambda: 2, interval_s=0.01)
     watch.start()
     try:
-        for _ in range(200):
-            if watch.readings >= 3:
-                break
-            import time
-
-            time.sleep(0.01)
-        assert watch.readings >= 3
+        until_blocking(lambda: watch.readings >= 3, 10, "three readings")
     finally:
         watch.stop()

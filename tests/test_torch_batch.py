@@ -84,6 +84,7 @@ def _batched_codes(engine: TorchQwen3Engine, requests: list[SynthesisRequest], j
     return [torch.stack(r) for r in rows]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernels", ["native", "torch"])
 def test_batched_codes_are_each_requests_codes_alone(kernels: str) -> None:
     """float32 (native kernels: rows of one pass; torch's: a run per row): bit for bit what each
@@ -157,6 +158,7 @@ async def _collect(worker: EngineWorker, request: SynthesisRequest, stop_after: 
     return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
 
 
+@pytest.mark.slow
 async def test_worker_streams_together_give_each_requests_audio(fp32: TorchQwen3Engine) -> None:
     """Through the daemon's path: more streams than fit in a batch, all at once; each gets the
     audio it gets alone; and they overlap (the second's first chunk comes before the first ends)."""
@@ -182,6 +184,7 @@ async def test_worker_streams_together_give_each_requests_audio(fp32: TorchQwen3
     assert firsts[3] < ends[5]  # a stream past the batch's four got its place while others ran
 
 
+@pytest.mark.slow
 async def test_a_stopped_stream_frees_its_place_and_a_bad_one_fails_alone(fp32: TorchQwen3Engine) -> None:
     worker = EngineWorker(fp32, stall_timeout_s=60)
     good = _requests(fp32, chunk_frames=2)
@@ -229,6 +232,7 @@ async def test_engine_time_limit_holds_in_a_batch(fp32: TorchQwen3Engine) -> Non
         await _collect(worker, _requests(fp32, chunk_frames=1)[0])
 
 
+@pytest.mark.slow
 async def test_a_stream_whose_consumer_lags_is_paused_while_the_others_go_on(fp32: TorchQwen3Engine) -> None:
     """Back-pressure in a batch: a stream STREAM_AHEAD chunks ahead of its consumer is left out of
     the steps (it does not hold the others back), and resumes where it was when read again."""

@@ -254,6 +254,7 @@ def test_decode_matches_official_waveform(tiny_decoder: CodecDecoder) -> None:
     assert (out - wav).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", [1, 4, 7])
 def test_streamed_decode_matches_official_waveform(tiny_decoder: CodecDecoder, chunk: int) -> None:
     """Streaming in chunks of 1, 4 and 7 frames: equal to the official one-shot waveform within 1e-5."""
@@ -330,6 +331,7 @@ def test_mel_filter_bank_matches_an_independent_slaney_implementation() -> None:
     assert torch.allclose(mel, torch.full_like(mel, math.log(1e-5)))
 
 
+@pytest.mark.slow
 def test_streamed_decode_after_reference_context_matches_official_clone() -> None:
     """Voice clone (ICL): the official decodes ref codes ++ generated codes and cuts the ref part.
     Pushing the 49 ref frames as context, then the 24 new ones in chunks of 4, gives that audio."""

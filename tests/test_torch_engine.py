@@ -328,6 +328,7 @@ def test_frame_budget_formula() -> None:
     assert frame_budget(0, 8192) == FRAMES_BASE
 
 
+@pytest.mark.slow
 def test_budget_ends_a_runaway() -> None:
     """Random weights never emit end-of-speech; the text-length budget stops generation."""
     engine = _engine(CV)

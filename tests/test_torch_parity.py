@@ -193,6 +193,7 @@ def test_prompt_logits_and_codes_match_official(case: str, engines: dict[str, To
     assert mismatch.size == 0, f"codes differ first at (frame, group) {mismatch[0].tolist()}"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CASES, reason="no goldens in tests/fixtures/qwen3_tiny/golden")
 @pytest.mark.parametrize("case", [c for c in CASES if c in ("cv_ryan_english", "base_icl")])
 def test_streamed_waveform_matches_official(case: str, engines: dict[str, TorchQwen3Engine]) -> None:
@@ -221,6 +222,7 @@ def test_streamed_waveform_matches_official(case: str, engines: dict[str, TorchQ
     assert rms <= WAV_RMS, f"rms error {rms:.3g}"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif("base_icl" not in CASES, reason="no base_icl golden in tests/fixtures/qwen3_tiny/golden")
 def test_a_kept_reference_is_not_decoded_again_and_speaks_the_same(
     engines: dict[str, TorchQwen3Engine], monkeypatch: pytest.MonkeyPatch

@@ -30,6 +30,7 @@ from s2s_daemon.pipeline.jobs import (
 from s2s_daemon.pipeline.messages import ErrorCode, SayRequest, Status
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.voice_policy import VoicePolicy
+from tests.support.wait import loop_turns
 
 RULES = IntakeRules("kitchen", 50, VoicePolicy(("Ryan", "Vivian"), "Ryan"), ("auto", "english", "chinese"), "auto")
 
@@ -55,7 +56,7 @@ async def test_channel_policies_and_close() -> None:
     block: Channel[int] = Channel(1, Overflow.BLOCK, "b")
     await block.put(1)
     waiter = asyncio.create_task(block.put(2))
-    await asyncio.sleep(0.01)
+    await loop_turns()
     assert not waiter.done()  # back-pressure
     assert await block.get() == 1
     await waiter

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import numpy.typing as npt
 import pytest
+from structlog.testing import capture_logs
 
 from s2s_daemon.config import VadConfig
 from s2s_daemon.errors import UnavailableError
@@ -26,6 +27,7 @@ from tests.support.pulse import (
     speech_bounds,
     write_wav_int16,
 )
+from tests.support.wait import until
 
 RATE = MIC_RATE_HZ
 TOLERANCE_S = 0.100
@@ -77,6 +79,7 @@ def assert_matches(events: list[VadEvent], truth: list[tuple[float, float]], tol
 # --- the detector on real speech, offline -------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("aggressiveness", "frame_ms"), [(2, 20), (3, 10), (3, 30), (1, 20)])
 @pytest.mark.parametrize("noise_rms", [0.0, NOISE_RMS])
 def test_detector_finds_speech_in_silence_and_noise(
@@ -229,20 +232,27 @@ async def run_stage_while_playing(
         return frames
 
     stage.capture.drain = tapped  # type: ignore[method-assign]
+    frame_s = config.frame_ms / 1000
+
+    async def hear(seconds: float, what: str) -> None:
+        """Until the stage has fed ``seconds`` more of the microphone's audio to the detector."""
+        until_frames = stage.frames + round(seconds / frame_s)
+        await until(lambda: stage.frames >= until_frames, seconds + 30, what)
+
     player = None
     if open_after_s is not None and wav is not None:
         player = server.play_into_mic(wav)
-        await asyncio.sleep(open_after_s)
+        await asyncio.sleep(open_after_s)  # the scenario: the file is playing when the microphone opens
     await stage.open()
     task = asyncio.create_task(stage.run(), name="s2s.vad")
     try:
         if player is None:
-            await asyncio.sleep(0.3)
+            await hear(0.3, "silence before the file")
             player = server.play_into_mic(wav) if wav is not None else None
-        await asyncio.sleep(listen_s)
+        await hear(listen_s, "the file")
         if player is not None:
             assert await asyncio.to_thread(player.wait, 30) == 0
-        await asyncio.sleep(0.6)
+        await hear(0.6, "the silence after it")
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -254,6 +264,7 @@ async def run_stage_while_playing(
     return events, audio, times, stage.dropped
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("noise_rms", [0.0, NOISE_RMS], ids=["silence", "noise"])
@@ -290,6 +301,7 @@ async def test_stage_detects_real_speech_on_the_microphone(
     assert_matches(events, truth_mono)
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(60)
 async def test_stage_is_quiet_on_real_silence_and_steady_noise(
@@ -311,12 +323,10 @@ async def test_stage_is_quiet_on_real_silence_and_steady_noise(
 
 async def wait_frames(stage: VadStage, count: int, timeout_s: float) -> None:
     """Poll (the stage has no event for this) until it has fed ``count`` frames."""
-    for _ in range(int(timeout_s / 0.1)):
-        if stage.frames >= count:
-            return
-        await asyncio.sleep(0.1)
+    await until(lambda: stage.frames >= count, timeout_s, f"{count} frames fed")
 
 
+@pytest.mark.integration
 @pytest.mark.audio
 @pytest.mark.timeout(90)
 async def test_stage_survives_losing_the_microphone(
@@ -335,9 +345,12 @@ async def test_stage_survives_losing_the_microphone(
                 await wait_frames(stage, 25, timeout_s=10)
                 before = stage.frames
                 assert before >= 25
-                await asyncio.to_thread(own.stop)  # the sound server (the microphone) disappears
-                await asyncio.sleep(3.0)
+                with capture_logs() as logs:
+                    await asyncio.to_thread(own.stop)  # the sound server (the microphone) disappears
+                    # it notices, and a reopen fails while the server is gone
+                    await until(lambda: [e for e in logs if e["event"] == "microphone_reopen_failed"], 30)
                 assert not task.done(), "the stage must not crash when the microphone goes"
+                assert "microphone_lost" in [e["event"] for e in logs]
                 own.start()
                 await wait_frames(stage, before + 26, timeout_s=15)
                 assert stage.frames > before + 25, "the stage did not reopen the microphone"

@@ -252,6 +252,7 @@ class _Counted:
             monkeypatch.setattr(encoder, method, counted)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ref_text", [REF_TEXT, None], ids=["icl", "xvector"])
@@ -339,9 +340,11 @@ def test_a_designed_voice_speaks_its_instruction(tmp_path: Path, one_thread: Non
 # -- MQTT, the daemon in process ----------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.timeout(300)
-async def test_mqtt_say_speaks_a_library_voice(tmp_path: Path, mosquitto: Any) -> None:
+async def test_mqtt_say_speaks_a_library_voice(tmp_path: Path, mosquitto: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from s2s_daemon.events import publisher
     from tests.support.daemon import daemon_in_process, write_config
     from tests.support.mqtt import recorder
 
@@ -373,7 +376,7 @@ async def test_mqtt_say_speaks_a_library_voice(tmp_path: Path, mosquitto: Any) -
         fin = await rec.wait_finished(["a1", "b1", "p1", "a2"], timeout_s=180)
         # A voice added while the daemon runs is spoken, and info is published again with it.
         _voice(root, "carol", ref_text=None)
-        await asyncio.sleep(1.1)  # past INFO_RESCAN_S since the last scan
+        monkeypatch.setattr(publisher, "INFO_RESCAN_S", 0.0)  # rescanned at the next request, however soon
         await rec.say(say, {"id": "c1", "text": "Hello.", "voice": "carol"})
         fin.update(await rec.wait_finished(["c1"], timeout_s=120))
         kinds = await rec.wait_for(lambda: next((p for p in rec.payloads("/info") if "carol" in p["voiceKinds"]), None))
@@ -386,6 +389,7 @@ async def test_mqtt_say_speaks_a_library_voice(tmp_path: Path, mosquitto: Any) -
     assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 2  # alice (ICL), carol (x-vector)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.timeout(300)
 def test_say_command_speaks_a_library_voice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:

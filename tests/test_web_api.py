@@ -112,6 +112,7 @@ async def events(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, d
 # -- the page and the key ------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_the_page_is_public_and_every_data_call_needs_the_key(
     tmp_path: Path, mosquitto: Mosquitto, recording: list[Any]
 ) -> None:
@@ -167,6 +168,7 @@ def test_the_page_files_are_package_data() -> None:
 # -- the voice library ---------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_a_voice_added_from_an_uploaded_file_is_listed_and_spoken(
     tmp_path: Path, mosquitto: Mosquitto, recording: list[Any]
 ) -> None:
@@ -196,6 +198,7 @@ async def test_a_voice_added_from_an_uploaded_file_is_listed_and_spoken(
     assert (tmp_path / "voices" / "alice" / "ref.txt").read_text(encoding="utf-8").strip() == REF_TEXT
 
 
+@pytest.mark.integration
 async def test_an_upload_gets_the_checks_of_voices_add_and_clear_errors(
     tmp_path: Path, mosquitto: Mosquitto, recording: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -242,6 +245,7 @@ async def test_an_upload_gets_the_checks_of_voices_add_and_clear_errors(
     assert sorted(p.name for p in (tmp_path / "voices").iterdir()) == ["bob", "quiet", "short"]  # no staging left
 
 
+@pytest.mark.integration
 async def test_a_model_that_cannot_clone_says_so_and_keeps_the_voice(
     tmp_path: Path, mosquitto: Mosquitto, recording: list[Any]
 ) -> None:
@@ -262,6 +266,7 @@ async def test_a_model_that_cannot_clone_says_so_and_keeps_the_voice(
     assert page["carol"]["speakable"] is False and "carol" not in ids
 
 
+@pytest.mark.integration
 async def test_a_designed_voice_from_an_instruction(tmp_path: Path, mosquitto: Mosquitto, recording: list[Any]) -> None:
     instruct = "A warm, low voice, speaking slowly."
     async with web_api(tmp_path, mosquitto, mode="voice_design") as (_, session):
@@ -286,6 +291,7 @@ async def test_a_designed_voice_from_an_instruction(tmp_path: Path, mosquitto: M
     assert [r.instruct for r in recording] == ["A first try.", instruct]
 
 
+@pytest.mark.integration
 async def test_rename_and_remove(tmp_path: Path, mosquitto: Mosquitto, recording: list[Any]) -> None:
     broken = tmp_path / "voices" / "broken"
     broken.mkdir(parents=True)
@@ -319,6 +325,7 @@ async def test_rename_and_remove(tmp_path: Path, mosquitto: Mosquitto, recording
 # -- speaking on the speaker, the live view ------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_the_event_stream_carries_what_mqtt_carries(
     tmp_path: Path, mosquitto: Mosquitto, recording: list[Any]
 ) -> None:
@@ -354,6 +361,7 @@ async def test_the_event_stream_carries_what_mqtt_carries(
     assert origins.get("m1", "mqtt") == "mqtt" and origins.get("w1", "web") == "web"
 
 
+@pytest.mark.integration
 async def test_status_shows_the_request_in_hand_and_stop_stops_it(tmp_path: Path, mosquitto: Mosquitto) -> None:
     slow = {"options": {"speed": "1"}}  # the tone engine in real time: 4 s for 100 characters
     async with speech_api(tmp_path, mosquitto, tts=slow) as api:
@@ -379,6 +387,7 @@ async def test_status_shows_the_request_in_hand_and_stop_stops_it(tmp_path: Path
     assert finished["long"]["status"] == "interrupted" and finished["next"]["status"] == "completed"
 
 
+@pytest.mark.integration
 async def test_open_event_streams_end_cleanly_when_the_daemon_stops(
     tmp_path: Path, mosquitto: Mosquitto, recording: list[Any]
 ) -> None:

@@ -54,13 +54,13 @@ class StepEngine:
         return self.size
 
     def open_blocking(self, request: SynthesisRequest, should_stop: ShouldStop) -> _Synthesis:
-        time.sleep(self.open_s)
+        time.sleep(self.open_s)  # the engine's work (a prompt's prefill): the behaviour under test
         name, frames = request.text.split(":")
         return _Synthesis(name, int(frames))
 
     def step_blocking(self, batch: list[_Synthesis]) -> None:
         self.threads.add(threading.get_ident())
-        time.sleep(self.step_s)
+        time.sleep(self.step_s)  # the engine's work per step: the behaviour under test
         live = [s for s in batch if not s.done]
         self.steps.append((time.monotonic(), frozenset(s.name for s in live)))
         for s in live:
@@ -84,7 +84,7 @@ def _request(name: str, frames: int, paced: bool) -> SynthesisRequest:
 
 async def _consume(worker: EngineWorker, request: SynthesisRequest, delay_s: float = 0.0) -> list[float]:
     """The arrival times of the request's chunks."""
-    await asyncio.sleep(delay_s)
+    await asyncio.sleep(delay_s)  # the scenario: this request arrives this much later
     times = []
     async for _ in worker.stream(request, lambda: False):
         times.append(time.monotonic())
@@ -113,6 +113,7 @@ async def _speaker_and_caller(
     return spoken, heard
 
 
+@pytest.mark.slow
 async def test_on_a_slow_engine_the_speaker_runs_alone_and_the_caller_after_it() -> None:
     # 80 ms of audio per 120 ms step: slower than real time. The caller arrives mid-utterance;
     # its audio must come after the speaker's (stall timeout shorter than its wait: no failure).
@@ -123,6 +124,7 @@ async def test_on_a_slow_engine_the_speaker_runs_alone_and_the_caller_after_it()
     assert caller[0] > speaker[-1]
 
 
+@pytest.mark.slow
 async def test_on_a_slow_engine_a_caller_already_open_waits_while_the_speaker_runs() -> None:
     # The caller began first; once the speaker's request is open, the caller is out of the steps
     # until the speaker's last frame, then goes on where it was.
@@ -135,6 +137,7 @@ async def test_on_a_slow_engine_a_caller_already_open_waits_while_the_speaker_ru
     assert caller[-1] > speaker[-1]
 
 
+@pytest.mark.slow
 async def test_without_pacing_the_caller_shares_the_speakers_steps() -> None:
     # The same two requests, neither paced: the batch takes the caller in at once (what the
     # first test rules out, so that test can tell).
@@ -143,6 +146,7 @@ async def test_without_pacing_the_caller_shares_the_speakers_steps() -> None:
     assert any(names == {"speaker", "caller"} for _, names in engine.steps)
 
 
+@pytest.mark.slow
 async def test_on_a_fast_engine_the_caller_joins_once_the_speaker_is_far_enough_ahead() -> None:
     # 80 ms of audio per 10 ms step: the speaker's lead grows by 7 s a second; the caller is
     # opened once the lead covers LEAD_S and a prefill, then shares the speaker's steps.
@@ -187,7 +191,7 @@ class TurnEngine:
         for _ in range(int(frames)):
             if should_stop():
                 return
-            time.sleep(self.chunk_s)
+            time.sleep(self.chunk_s)  # the engine's work per chunk: the behaviour under test
             self.made.append(name)
             yield np.zeros(FRAME, np.float32)
 
@@ -198,6 +202,7 @@ class TurnEngine:
         return None
 
 
+@pytest.mark.slow
 async def test_taking_turns_on_a_slow_engine_the_caller_waits_for_the_speaker() -> None:
     engine = TurnEngine(chunk_s=0.12)
     speaker, caller = await _speaker_and_caller(engine, 10, 3, delay_s=0.3, stall_timeout_s=0.6)
@@ -205,6 +210,7 @@ async def test_taking_turns_on_a_slow_engine_the_caller_waits_for_the_speaker() 
     assert engine.made == ["speaker"] * 10 + ["caller"] * 3  # no turn of the caller's in between
 
 
+@pytest.mark.slow
 async def test_taking_turns_on_a_fast_engine_the_caller_gets_turns_once_the_speaker_is_ahead() -> None:
     engine = TurnEngine(chunk_s=0.01)
     speaker, caller = await _speaker_and_caller(engine, 150, 10, delay_s=0.05, stall_timeout_s=5)

@@ -23,6 +23,8 @@ from tests.support.daemon import DaemonProcess, write_config
 from tests.support.mqtt import recorder
 from tests.test_wyoming import RATE, Group, read_answer, tone_samples, wait_listening
 
+pytestmark = pytest.mark.integration
+
 MS_PER_CHAR = 40.0
 CHUNK_FRAMES = 3
 """240 ms of audio a chunk: a synthesis that starts when another ends sends its first chunk that

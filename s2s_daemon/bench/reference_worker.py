@@ -1,7 +1,7 @@
 """Benchmark worker for the official ``qwen-tts`` package, run with ITS interpreter.
 
 ``/path/to/refenv/bin/python reference_worker.py`` speaks the same JSON-lines protocol
-as ``s2s_daemon.bench.worker`` (ops ``load``, ``run``, ``close``) but imports nothing from
+as ``s2s_daemon.bench.worker`` (``protocol.py``, loaded by its path) but imports nothing from
 s2s_daemon: only the standard library, ``qwen_tts``, ``torch`` and ``numpy``, which is
 all the reference environment holds. The official package does not stream: its first
 audio is its last, so ``ttfa_s`` equals ``synth_s`` (the reply says ``streaming: false``).
@@ -13,18 +13,27 @@ codec frames, passed as ``max_new_tokens`` + 1). Decoding is greedy (talker and 
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import os
 import platform
 import resource
 import sys
 import time
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any
 
 # Run as a script from inside the package folder: keep that folder off the import path so
 # none of its modules can shadow a name the reference package imports.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+if TYPE_CHECKING:
+    from s2s_daemon.bench.protocol import reply_stream, serve
+else:  # the protocol's module by its path: standard library only, s2s_daemon is not installed here
+    _spec = importlib.util.spec_from_file_location("s2s_bench_protocol", os.path.join(_HERE, "protocol.py"))
+    assert _spec is not None and _spec.loader is not None
+    _protocol = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_protocol)
+    reply_stream, serve = _protocol.reply_stream, _protocol.serve
 
 CODEC_FRAME_RATE_HZ = 12.5
 """Codec frames per second of audio (Qwen3-TTS 12 Hz)."""
@@ -187,37 +196,8 @@ class ReferenceHost:
         return reply
 
 
-def serve(host: ReferenceHost, requests: IO[str], replies: IO[str]) -> int:
-    for line in requests:
-        if not line.strip():
-            continue
-        request = json.loads(line)
-        op = request.get("op")
-        try:
-            if op == "load":
-                reply = host.load(request)
-            elif op == "run":
-                reply = host.run(request)
-            elif op == "close":
-                reply = host.close()
-            else:
-                msg = f"unknown op {op!r}"
-                raise ValueError(msg)  # noqa: TRY301  (answered below like every other failure)
-            reply["ok"] = True
-        except Exception as exc:  # the parent turns a failure into an error row
-            reply = {"ok": False, "error": str(exc) or type(exc).__name__, "error_type": type(exc).__name__}
-        replies.write(json.dumps(reply) + "\n")
-        if op == "close":
-            return 0
-    return 0
-
-
 def main() -> int:
-    sys.stdout.flush()
-    reply_fd = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    replies = os.fdopen(reply_fd, "w", encoding="utf-8", buffering=1)
+    replies = reply_stream()
     return serve(ReferenceHost(), sys.stdin, replies)
 
 

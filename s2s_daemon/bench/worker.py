@@ -1,8 +1,6 @@
 """One benchmark configuration in its own process: ``python -m s2s_daemon.bench.worker``.
 
-The worker speaks JSON lines: one request per line on stdin, one reply per line on
-its original stdout (the process's fd 1 is pointed at stderr first, so a library that
-prints cannot corrupt the protocol). Requests, answered in order:
+The worker speaks ``protocol.py``'s JSON lines; its requests, answered in order:
 
 - ``{"op": "load", "engine": NAME, "options": {...}, "plugins": ["mod:func"]}``: call each
   plugin, build the engine through the registry, ``load_blocking`` then ``warmup_blocking``.
@@ -10,9 +8,8 @@ prints cannot corrupt the protocol). Requests, answered in order:
   "greedy": true}``: one ``synthesize_blocking``, pulled chunk by chunk.
 - ``{"op": "close"}``: ``close_blocking`` and exit.
 
-Every reply carries ``ok`` and, on failure, ``error`` and ``error_type``. The engine is
-driven by the daemon's own ``EngineWorker`` (one ``s2s.engine`` thread, chunks bridged to
-asyncio one at a time), so the first chunk is timed when the daemon would see it.
+The engine is driven by the daemon's own ``EngineWorker`` (one ``s2s.engine`` thread, chunks
+bridged to asyncio one at a time), so the first chunk is timed when the daemon would see it.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.metadata
-import json
 import os
 import platform
 import resource
@@ -28,8 +24,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import IO, Any
+from typing import Any
 
+from s2s_daemon.bench.protocol import reply_stream, serve
 from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
 from s2s_daemon.tts.registry import create_engine
 from s2s_daemon.tts.worker import EngineWorker
@@ -191,44 +188,8 @@ class EngineHost:
         return self._worker
 
 
-def protocol_stream() -> IO[str]:
-    """Keep the real stdout for replies; send everything else written to fd 1 to stderr."""
-    sys.stdout.flush()
-    reply_fd = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return os.fdopen(reply_fd, "w", encoding="utf-8", buffering=1)
-
-
-def serve(host: EngineHost, requests: IO[str], replies: IO[str]) -> int:
-    for line in requests:
-        if not line.strip():
-            continue
-        request = json.loads(line)
-        op = request.get("op")
-        try:
-            if op == "load":
-                reply = host.load(request)
-            elif op == "run":
-                reply = host.run(request)
-            elif op == "close":
-                reply = host.close()
-            else:
-                msg = f"unknown op {op!r}"
-                raise ValueError(msg)  # noqa: TRY301  (answered below like every other failure)
-            reply["ok"] = True
-        # The parent decides what a failure means (an error row); the worker only reports it.
-        except Exception as exc:
-            reply = {"ok": False, "error": str(exc) or type(exc).__name__, "error_type": type(exc).__name__}
-        replies.write(json.dumps(reply) + "\n")
-        if op == "close":
-            return 0
-    host.close()
-    return 0
-
-
 def main() -> int:
-    replies = protocol_stream()
+    replies = reply_stream()
     return serve(EngineHost(), sys.stdin, replies)
 
 

@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support.wait import until_blocking
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -16,15 +18,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def listens(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
 def wait_port(port: int, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+    until_blocking(lambda: listens(port), timeout_s, f"a listener on 127.0.0.1:{port}")
 
 
 class Mosquitto:
@@ -71,5 +74,5 @@ class Mosquitto:
 
     def restart(self, down_s: float = 0.5) -> None:
         self.stop()
-        time.sleep(down_s)
+        time.sleep(down_s)  # the outage itself: clients see the broker gone for this long
         self.start()

@@ -13,6 +13,10 @@ import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+SETTLE_TOPIC = "s2s-test/settle/"
+BARRIER_ID = "s2s-test-barrier-"
+"""The ids of ``Recorder.barrier``'s requests begin so; ``finished()`` leaves them out."""
+
 
 @dataclass
 class Received:
@@ -30,6 +34,9 @@ class Recorder:
     client: aiomqtt.Client
     messages: list[Received] = field(default_factory=list)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _settles: int = 0
+    _markers: set[str] = field(default_factory=set)
+    """Topics of ``settle``'s markers seen (kept out of ``messages``)."""
 
     def on(self, topic_suffix: str) -> list[Received]:
         return [m for m in self.messages if m.topic.endswith(topic_suffix)]
@@ -41,7 +48,7 @@ class Recorder:
         """The terminal event per id; answers to duplicates (code ``duplicate``) are left out."""
         out: dict[str, dict[str, Any]] = {}
         for p in self.payloads("/tts/finished"):
-            if p.get("error", {}).get("code") == "duplicate":
+            if p.get("error", {}).get("code") == "duplicate" or str(p.get("id", "")).startswith(BARRIER_ID):
                 continue
             assert p["id"] not in out, f"two tts/finished for {p['id']}: {out[p['id']]} and {p}"
             out[p["id"]] = p
@@ -66,6 +73,25 @@ class Recorder:
         except TimeoutError:
             got = self.finished()
             raise AssertionError(f"missing tts/finished for {[i for i in ids if i not in got]}") from None
+
+    async def settle(self, timeout_s: float = 10.0) -> None:
+        """Until a marker this recorder publishes comes back through the broker: every message the
+        broker had received before it (from any client, a daemon that has since exited included)
+        has then been delivered here. A check that something did NOT arrive follows this, not a sleep."""
+        self._settles += 1
+        topic = f"{SETTLE_TOPIC}{id(self)}/{self._settles}"
+        await self.client.subscribe(topic, qos=1)
+        await self.client.publish(topic, b"", qos=1)
+        await self.wait_for(lambda: topic in self._markers, timeout_s)
+
+    async def barrier(self, say_topic: str, timeout_s: float = 30.0) -> None:
+        """A request of its own on ``say_topic``, until its ``tts/finished``: the daemon has then
+        handled every message sent before it (it reads them in order), and any answer to them has
+        been published before this one's. A check that the daemon did NOT answer follows this."""
+        self._settles += 1
+        request_id = f"{BARRIER_ID}{self._settles}"
+        await self.say(say_topic, {"id": request_id, "text": "ok"})
+        await self.wait_for(lambda: any(p["id"] == request_id for p in self.payloads("/tts/finished")), timeout_s)
 
     async def say(self, site_topic: str, payload: dict[str, Any] | str | bytes, **kwargs: Any) -> None:
         if isinstance(payload, dict):
@@ -106,7 +132,10 @@ async def recorder(
 
         async def pump() -> None:
             async for m in client.messages:
-                rec.messages.append(Received(m.topic.value, bytes(m.payload), m.retain, m.properties))  # type: ignore[arg-type]
+                if m.topic.value.startswith(SETTLE_TOPIC):
+                    rec._markers.add(m.topic.value)
+                else:
+                    rec.messages.append(Received(m.topic.value, bytes(m.payload), m.retain, m.properties))  # type: ignore[arg-type]
                 rec._changed.set()
 
         task = asyncio.create_task(pump(), name="test.recorder")

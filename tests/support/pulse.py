@@ -30,7 +30,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +37,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
+
+from tests.support.wait import until_blocking
 
 SPEAKER_SINK = "spk"
 MIC_SINK = "mic"
@@ -104,15 +105,14 @@ class PulseServer:
         log = (self.root / "pulseaudio.log").open("wb")
         self.process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.process.poll() is not None:
+        process = self.process
+
+        def up() -> bool:
+            if process.poll() is not None:
                 raise RuntimeError(f"pulseaudio exited: {(self.root / 'pulseaudio.log').read_text(errors='replace')}")
-            if self.socket.exists() and self.pactl("info", check=False).returncode == 0:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("pulseaudio did not come up")
-            time.sleep(0.05)
+            return self.socket.exists() and self.pactl("info", check=False).returncode == 0
+
+        until_blocking(up, timeout_s, "pulseaudio answering", interval_s=0.05)
         self.pactl("set-default-sink", SPEAKER_SINK)
         self.pactl("set-default-source", f"{MIC_SINK}.monitor")
         for sink in (SPEAKER_SINK, MIC_SINK):
@@ -123,7 +123,12 @@ class PulseServer:
                     stdout=subprocess.DEVNULL,
                 )
             )
-        time.sleep(0.3)
+        until_blocking(lambda: self.recording_streams() >= len(self._keepers), timeout_s, "the keepers recording")
+
+    def recording_streams(self) -> int:
+        """How many recording streams (``parec``...) the server has."""
+        listed = self.pactl("list", "short", "source-outputs", check=False)
+        return len(listed.stdout.splitlines()) if listed.returncode == 0 else 0
 
     def pactl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["pactl", *args], env=self.env(), capture_output=True, text=True, timeout=10, check=check)
@@ -200,6 +205,10 @@ class Recorder:
             if not block:
                 return
             self._parts.append(block)
+
+    def seconds(self) -> float:
+        """Seconds of audio recorded so far."""
+        return sum(len(part) for part in self._parts) / 4 / self.rate_hz
 
     def samples(self) -> npt.NDArray[np.float32]:
         data = b"".join(self._parts)

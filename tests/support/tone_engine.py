@@ -79,9 +79,9 @@ class ToneEngine:
         self.load_gate = Path(gate) if gate else None
 
     def load_blocking(self) -> EngineInfo:
-        time.sleep(self.load_s)
-        while self.load_gate is not None and not self.load_gate.exists():
-            time.sleep(0.02)
+        time.sleep(self.load_s)  # the engine's simulated load time (option load_s)
+        while self.load_gate is not None and not self.load_gate.exists():  # held until a test makes it
+            time.sleep(0.02)  # a poll of that condition, for as long as the test wants
         return EngineInfo(
             engine="tone",
             model=self.options.model,
@@ -115,7 +115,7 @@ class ToneEngine:
                 if hang_s is None:
                     HANG_RELEASE.wait()
                 else:
-                    time.sleep(hang_s)
+                    time.sleep(hang_s)  # the simulated stall (#stall=S in the text)
                 hang_s = 0.0
                 start = time.monotonic() - frame * 0.08 / self.speed if self.speed > 0 else start
             if should_stop():
@@ -127,7 +127,7 @@ class ToneEngine:
                 due = start + frame * 0.08 / self.speed
                 delay = due - time.monotonic()
                 if delay > 0:
-                    time.sleep(delay)
+                    time.sleep(delay)  # the simulated synthesis pace (option speed)
             yield chunk
 
     def memory_blocking(self) -> DeviceMemory:
