@@ -42,6 +42,7 @@ def _holder(lock: Path) -> subprocess.Popen[str]:
     return proc
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(30)
 def test_a_held_lock_is_waited_for_a_bounded_time_naming_its_holder(tmp_path: Path) -> None:
     lock = tmp_path / "cache" / "x.lock"
@@ -62,6 +63,7 @@ def test_a_held_lock_is_waited_for_a_bounded_time_naming_its_holder(tmp_path: Pa
         holder.wait()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(30)
 def test_a_lock_whose_holder_was_killed_is_taken_at_once(tmp_path: Path) -> None:
     lock = tmp_path / "x.lock"
@@ -148,6 +150,7 @@ def _held_entry(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
     return _holder(root / f".lock-{entry.name}"), root
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.timeout(240)
 @pytest.mark.usefixtures("kernels", "torch_one_thread")
@@ -166,6 +169,7 @@ async def test_the_daemon_starts_after_a_preparer_was_killed(tmp_path: Path, mos
         proc.cleanup()
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.timeout(240)
 @pytest.mark.usefixtures("kernels", "torch_one_thread")
@@ -189,6 +193,7 @@ async def test_sigterm_ends_a_daemon_waiting_for_a_build_within_its_drain_timeou
         holder.wait()
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("kernels", "torch_one_thread")
@@ -225,6 +230,7 @@ def test_a_start_waits_for_the_process_preparing_its_weights_and_maps_them(tmp_p
         holder.wait()
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("kernels", "torch_one_thread")
@@ -250,6 +256,7 @@ def test_a_start_stops_waiting_for_a_stuck_preparer_and_keeps_its_weights_in_mem
         holder.wait()
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.timeout(60)
 def test_a_clone_prompt_another_process_computes_is_computed_here_after_a_bounded_wait(

@@ -17,6 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from s2s_daemon.errors import ConfigError  # noqa: E402
 from s2s_daemon.tts.torch_qwen3 import codec as codec_mod  # noqa: E402
 from s2s_daemon.tts.torch_qwen3 import native, quality  # noqa: E402
 from s2s_daemon.tts.torch_qwen3.codec import CodecDecoder, pick_codec_weights  # noqa: E402
@@ -181,7 +182,7 @@ def test_a_codec_dtype_that_cannot_be_had_is_an_error(requested: str, has_ext: b
 def test_the_engine_takes_the_codec_dtype_option(ext: Any) -> None:
     import numpy as np
 
-    from s2s_daemon.tts.engine import EngineError, EngineOptions, SynthesisRequest
+    from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
     from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
 
     def engine(value: str) -> TorchQwen3Engine:
@@ -201,5 +202,5 @@ def test_the_engine_takes_the_codec_dtype_option(ext: Any) -> None:
         finally:
             e.close_blocking()
     _assert_guarded(audio["float32"], audio["bfloat16"], "the engine's bfloat16 decoder")
-    with pytest.raises(EngineError, match="codec_dtype"):
+    with pytest.raises(ConfigError, match=r"tts\.options\.codec_dtype"):  # typed options: exit 78, as check-config says
         engine("half")

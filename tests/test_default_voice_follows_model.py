@@ -54,6 +54,7 @@ def _check_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["base", "voice_design"])
 async def test_the_default_configuration_runs_a_base_and_a_voice_design_model(
@@ -80,6 +81,7 @@ async def test_the_default_configuration_runs_a_base_and_a_voice_design_model(
         proc.cleanup()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_a_voice_design_models_voice_may_be_a_design_voice_of_the_library(tmp_path: Path) -> None:
     voices = tmp_path / "data" / "s2s-daemon" / "voices" / "narrator"

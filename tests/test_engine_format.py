@@ -147,6 +147,7 @@ def test_an_isa_the_library_does_not_carry_fails_the_load(monkeypatch: pytest.Mo
     engine.close_blocking()
 
 
+@pytest.mark.integration
 def test_check_config_prints_the_native_path(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from s2s_daemon.tts.torch_qwen3 import native

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from s2s_daemon.app import Daemon
@@ -70,6 +71,7 @@ def test_the_page_shows_the_example_as_it_is() -> None:
     assert yaml.safe_load(doc_block("configs/default.yaml")) == {"line": LineConfig().model_dump()}
 
 
+@pytest.mark.integration
 async def test_the_example_intake_speaks_its_lines_end_to_end(tmp_path: Path, mosquitto: Mosquitto) -> None:
     port = free_port()
     async with line_daemon(tmp_path, mosquitto, port) as rec:

@@ -313,6 +313,7 @@ async def test_concurrent_requests_share_the_queue_with_mqtt(tmp_path: Path, mos
         assert 0 <= latency[ids[0]]["ttfaMs"] <= latency[ids[0]]["e2eMs"]
 
 
+@pytest.mark.integration
 async def test_a_long_input_is_text_too_long_as_it_was_sent(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """The speech request is checked as it was sent (``admission.admit``), not re-encoded as an MQTT
     payload: 800,000 characters of "é" (1.6 MB as sent, 4.8 MB once escaped as JSON's ASCII) in a
@@ -439,6 +440,7 @@ async def read_until_closed(port: int, data: bytes, timeout_s: float = 10.0) -> 
         writer.close()
 
 
+@pytest.mark.integration
 async def test_slow_heads_and_bodies_are_cut_and_excess_connections_refused(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:

@@ -100,6 +100,7 @@ def test_preflight_refuses_a_path_this_cpu_cannot_run() -> None:
     assert not [f for f in preflight.findings(mlx) if f.key == "tts.torch.isa"]  # a section not in use
 
 
+@pytest.mark.integration
 def test_check_config_exits_78_naming_the_key() -> None:
     path = _foreign_and_missing()[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}

@@ -249,6 +249,7 @@ async def test_bad_input_keeps_its_id(tmp_path: Path, mosquitto: Mosquitto) -> N
 @pytest.mark.parametrize(
     ("rid", "message"), [("", "id: must not be empty"), ("x" * 201, "id: must have at most 200 characters")]
 )
+@pytest.mark.integration
 async def test_a_bad_id_is_said_in_words(tmp_path: Path, mosquitto: Mosquitto, rid: str, message: str) -> None:
     """Before: "id: Value should have at least 1 item after validation, not 0" (issue 41, item 12)."""
     async with recorder(mosquitto.port) as rec, daemon_in_process(cfg(tmp_path, mosquitto)):

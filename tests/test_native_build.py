@@ -93,6 +93,7 @@ def test_without_the_library_the_reason_says_to_install_with_a_compiler(
     assert choice.quantization == "none" and "not built at install" in choice.reason
 
 
+@pytest.mark.integration
 def test_the_check_prints_the_library_its_paths_and_the_one_that_runs() -> None:
     _library_or_skip()
     done = _python("-m", "s2s_daemon.tts.torch_qwen3.native")
@@ -117,6 +118,7 @@ def test_the_library_and_python_agree_on_this_cpus_paths() -> None:
     assert native.runnable_paths() == isa.cpu_paths()
 
 
+@pytest.mark.integration
 def test_one_openmp_runtime_is_mapped_and_its_threads_are_torchs() -> None:
     """The library links libgomp.so.1 by soname: loaded after torch it is torch's own, one runtime
     and one pool of threads (a second runtime would spin its own threads beside torch's)."""
@@ -138,6 +140,7 @@ print(json.dumps(sorted({line.split()[-1] for line in maps if "libgomp" in line}
     assert Path(mapped[0]).resolve().parent == (Path(torch.__file__).parent / "lib").resolve(), mapped
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_a_start_with_no_compiler_on_path_runs_the_native_kernels(tmp_path: Path) -> None:
     """``say`` on the tiny checkpoint as a fresh user: no compiler, ninja or anything else on PATH,

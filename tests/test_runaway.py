@@ -74,6 +74,7 @@ def _config(tmp_path: Path, port: int) -> Path:
     return write_config(tmp_path / "d.yaml", port, tts={"options": {"speed": "0", "ms_per_char": "40"}})
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("marker", "cause"), [("#runaway-loop", "loop"), ("#runaway-silence", "silence")])
 async def test_a_runaway_request_ends_completed_truncated_and_goes_on_with_its_text(

@@ -309,6 +309,7 @@ async def raw_events(port: int, data: bytes, timeout_s: float = 5.0) -> tuple[li
             await writer.wait_closed()
 
 
+@pytest.mark.integration
 async def test_an_event_longer_than_the_limit_is_refused_before_its_body(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """A 2 MiB chunk held the event loop for over a minute; any event past ``wyoming.max_event_bytes``
     is now refused from its header, without waiting for (or holding) its body."""
@@ -332,6 +333,7 @@ async def read_answer_of(port: int, *events: Event, streaming: bool = False) -> 
         return await read_answer(client, streaming=streaming, timeout_s=10)
 
 
+@pytest.mark.integration
 async def test_a_streamed_text_past_the_text_limit_ends_with_text_too_long(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:
@@ -347,6 +349,7 @@ async def test_a_streamed_text_past_the_text_limit_ends_with_text_too_long(
         assert [e.code for e in long.errors] == ["text_too_long"]
 
 
+@pytest.mark.integration
 async def test_idle_and_half_sent_events_are_closed_but_a_busy_client_is_not(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:
@@ -367,6 +370,7 @@ async def test_idle_and_half_sent_events_are_closed_but_a_busy_client_is_not(
         assert answer.groups[0].samples == tone_samples("x" * 40, 40)
 
 
+@pytest.mark.integration
 async def test_connections_past_the_cap_are_refused_at_accept(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """Any number of idle connections were kept (each a file descriptor: at the process's limit the
     daemon died); past ``wyoming.max_connections`` one is answered an error event and closed."""
@@ -495,6 +499,7 @@ async def test_zeroconf_advertises_the_server(tmp_path: Path, mosquitto: Mosquit
             await browser_zc.async_close()
 
 
+@pytest.mark.integration
 async def test_zeroconf_on_loopback_is_skipped_without_a_warning(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """The documented case (Home Assistant on this machine, Wyoming on 127.0.0.1): nothing to
     advertise and nothing wrong, so an info line, not a warning (issue 41, item 12)."""
