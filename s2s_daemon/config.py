@@ -173,23 +173,23 @@ class TtsConfig(Section):
         voice = self.voice
         return None if voice is None or not voice.strip() or voice.strip().lower() == AUTO_VOICE else voice
 
-    @field_validator("engine")
-    @classmethod
-    def _engine_known(cls, value: str) -> str:
-        check_engine_name(value)
-        return value
-
     @model_validator(mode="wrap")
     @classmethod
     def _engine_blocks(cls, data: Any, handler: ModelWrapValidatorHandler[TtsConfig]) -> TtsConfig:
-        """Each registered engine's block validated by the model it declares (its defaults when the
-        file has none); any other key that is not a field is unknown. Errors of both kinds come
-        out together, each at its own key."""
+        """``engine`` is a registered engine (its default too); each registered engine's block is
+        validated by the model it declares (its defaults when the file has none); any other key
+        that is not a field is unknown. The errors come out together, each at its own key."""
         if not isinstance(data, Mapping):
             return handler(data)
         models = engine_sections()
         blocks: dict[str, Any] = {}
         errors: list[InitErrorDetails] = []
+        engine = data.get("engine", cls.model_fields["engine"].default)
+        if isinstance(engine, str):  # else the field's own check says what it must be
+            try:
+                check_engine_name(engine)
+            except ValueError as exc:
+                errors.append(InitErrorDetails(type="value_error", loc=("engine",), input=engine, ctx={"error": exc}))
         for key, value in data.items():
             name = str(key)
             if name in cls.model_fields:
@@ -406,7 +406,7 @@ class TextConfig(Section):
 class DaemonConfig(Section):
     site_id: str = Field("default", min_length=1)
     mqtt: MqttConfig = MqttConfig()
-    tts: TtsConfig = Field(default_factory=TtsConfig)  # made when used: its engines' blocks are found then
+    tts: TtsConfig = Field(default_factory=dict, validate_default=True)  # validated as given: the engines are read then
     queue: QueueConfig = QueueConfig()
     journal: JournalConfig = JournalConfig()
     audio: AudioConfig = AudioConfig()

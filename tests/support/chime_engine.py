@@ -34,6 +34,8 @@ from s2s_daemon.tts.engine import (
     UnsupportedLanguageError,
 )
 
+NAME = "chime"
+"""Its entry point's name, which its ``EngineInfo`` carries."""
 SAMPLE_RATE = 24_000
 FRAME_SAMPLES = 1920
 """80 ms: the protocol's frame (``SynthesisRequest.chunk_frames``)."""
@@ -72,7 +74,7 @@ class ChimeEngine:
         if not self.folder.is_dir():
             raise CheckpointError(f"model folder {str(self.folder)!r} does not exist or is not a folder")
         self.info = EngineInfo(
-            engine="chime",
+            engine=NAME,
             model=str(self.folder),
             device="cpu",
             sample_rate=SAMPLE_RATE,
@@ -120,3 +122,9 @@ ENGINE = EngineSpec(
     section=ChimeSection,
     options=ChimeOptions,
 )
+GPU_ENGINE = EngineSpec(
+    engine="s2s_chime_gpu:GpuChimeEngine",  # no such module: importing it would be a different error
+    install="s2s-chime-engine[gpu]",
+    requires=("s2s_chime_accelerator",),
+)
+"""An engine whose extra is not installed (the tests declare it as ``chime_gpu`` where they need it)."""
