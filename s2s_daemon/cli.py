@@ -82,7 +82,9 @@ def dump_config(config: DaemonConfig) -> str:
 
 def _resolved_torch(config: DaemonConfig) -> dict[str, object]:
     """The torch engine's ``auto`` settings as this machine resolves them (nothing is loaded or built)."""
-    section = config.tts.torch
+    from s2s_daemon.tts.torch_qwen3.options import TorchSection
+
+    section = config.tts.section("torch", TorchSection)
     try:
         from s2s_daemon.tts.torch_qwen3.formats import resolved
     except ImportError as exc:  # a trimmed install without the torch extra

@@ -8,19 +8,28 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails, InitErrorDetails
 
+from s2s_daemon.engines import EngineSection, check_engine_name
+from s2s_daemon.engines import sections as engine_sections
 from s2s_daemon.errors import ConfigError
 
 ENV_PREFIX = "S2S_"
 AUTO_VOICE = "auto"
 """``tts.voice: auto``: the model's own default voice."""
-ENGINE_NAMES: list[str] = ["torch", "mlx"]
-"""What ``tts.engine`` may name: the built-in engines, and those registered in this process
-(``tts.registry.register_engine`` adds to it; the configuration imports no engine)."""
 NOT_CONFIG_ENV = frozenset(
     {
         "S2S_CONFIG",
@@ -51,6 +60,17 @@ TopicPrefix = Annotated[str, Field(min_length=1), AfterValidator(_plain_topic_pr
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+S = TypeVar("S", bound=EngineSection)
+
+
+def _moved(err: ErrorDetails, *under: str) -> InitErrorDetails:
+    """A validation error of a block, raised again ``under`` its key (with its own words)."""
+    moved = InitErrorDetails(type=err["type"], loc=(*under, *err["loc"]), input=err["input"])
+    if "ctx" in err:
+        moved["ctx"] = err["ctx"]
+    return moved
 
 
 class TlsConfig(Section):
@@ -94,43 +114,15 @@ class MqttConfig(Section):
         return self
 
 
-class TorchEngineConfig(Section):
-    device: str = "auto"
-    """``auto`` (cuda, then mps, then cpu), ``cpu``, ``cuda``, ``cuda:1``, ``mps``."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"] = "auto"
-    """``auto``: bfloat16 on CUDA, float32 elsewhere (activations; the weights follow ``quantization``)."""
-    quantization: Literal["auto", "none", "int8", "int4"] = "auto"
-    """The talker's weights on the CPU: ``int8`` (per output channel), ``int4`` (per group of 64
-    inputs, needs the native kernels), ``none`` (as ``dtype``), or ``auto``: int8 where the native
-    kernels run, else none (``torch_qwen3/formats.py``; the choice and its reason are logged)."""
-    kernels: Literal["auto", "native", "torch"] = "auto"
-    """CPU linear kernels: ``native`` (the C kernels built at install), ``torch``'s own, or ``auto``
-    (native when they were built and this CPU runs them)."""
-    isa: Literal["auto", "generic", "avx2", "avx512", "amx", "neon", "dotprod", "i8mm"] = "auto"
-    """The native kernels' instruction-set path: ``auto`` (the widest this CPU has) or a cap for
-    tests and benchmarks (x86-64: ``generic``, ``avx2``, ``avx512``, ``amx``; aarch64: ``generic``,
-    ``neon``, ``dotprod``, ``i8mm``); a path this CPU cannot run is refused by ``preflight``."""
-    threads: int | Literal["auto"] = "auto"
-    """Intra-op threads on the CPU: ``auto`` follows what the machine leaves free (affinity, a cgroup
-    CPU quota, other processes, steal time; re-checked while running, ``tts/threads.py``); a number
-    fixes it."""
-
-    @field_validator("threads")
-    @classmethod
-    def _threads_positive(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and not 1 <= value <= 1024:
-            raise ValueError("must be auto or a number from 1 to 1024")
-        return value
-
-
-class MlxEngineConfig(Section):
-    device: Literal["auto", "metal", "cpu"] = "auto"
-    """``auto`` (Metal when there is one, else the CPU), ``metal`` or ``cpu``."""
-    quantization: Literal["4bit", "6bit", "8bit", "bf16"] = "6bit"
-
-
 class TtsConfig(Section):
+    """The engine and what every engine shares; each engine's own block (``tts.torch``, ``tts.mlx``,
+    a third party's ``tts.<name>``) is declared by the engine (``engines.py``), validated here with
+    the rest and read with ``section``."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)  # the engines' blocks; ``_engine_blocks`` refuses others
+
     engine: str = "torch"
+    """An engine registered through the ``s2s_daemon.engines`` entry points (``engines.py``)."""
     model: str = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
     """Hub id or local folder in the official layout."""
     revision: str | None = None
@@ -163,8 +155,6 @@ class TtsConfig(Section):
     max_streams: int = Field(4, ge=1, le=8)
     """Requests synthesized at once: the speaker's one at a time, in order, and callers' (HTTP,
     Wyoming) beside it; 1: one request after another, in queue order."""
-    torch: TorchEngineConfig = TorchEngineConfig()
-    mlx: MlxEngineConfig = MlxEngineConfig()
     options: dict[str, str] = Field(default_factory=dict)
     """Backend-specific extras passed to the engine as strings."""
 
@@ -183,12 +173,56 @@ class TtsConfig(Section):
         voice = self.voice
         return None if voice is None or not voice.strip() or voice.strip().lower() == AUTO_VOICE else voice
 
-    @field_validator("engine")
+    @model_validator(mode="wrap")
     @classmethod
-    def _engine_known(cls, value: str) -> str:
-        if value not in ENGINE_NAMES:
-            raise ValueError(f"must be one of {', '.join(ENGINE_NAMES)}")
-        return value
+    def _engine_blocks(cls, data: Any, handler: ModelWrapValidatorHandler[TtsConfig]) -> TtsConfig:
+        """``engine`` is a registered engine (its default too); each registered engine's block is
+        validated by the model it declares (its defaults when the file has none); any other key
+        that is not a field is unknown. The errors come out together, each at its own key."""
+        if not isinstance(data, Mapping):
+            return handler(data)
+        models = engine_sections()
+        blocks: dict[str, Any] = {}
+        errors: list[InitErrorDetails] = []
+        engine = data.get("engine", cls.model_fields["engine"].default)
+        if isinstance(engine, str):  # else the field's own check says what it must be
+            try:
+                check_engine_name(engine)
+            except ValueError as exc:
+                errors.append(InitErrorDetails(type="value_error", loc=("engine",), input=engine, ctx={"error": exc}))
+        for key, value in data.items():
+            name = str(key)
+            if name in cls.model_fields:
+                continue
+            model = models.get(name)
+            if model is None:
+                errors.append(InitErrorDetails(type="extra_forbidden", loc=(name,), input=value))
+                continue
+            try:
+                blocks[name] = model.model_validate(value)
+            except ValidationError as exc:
+                errors += [_moved(err, name) for err in exc.errors()]
+        blocks |= {name: model() for name, model in models.items() if name not in blocks}
+        try:
+            validated = handler({**{k: v for k, v in data.items() if str(k) in cls.model_fields}, **blocks})
+        except ValidationError as exc:
+            if not errors:
+                raise
+            errors = [_moved(err) for err in exc.errors()] + errors
+            raise ValidationError.from_exception_data(cls.__name__, errors) from None
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return validated
+
+    def section(self, name: str, model: type[S]) -> S:
+        """Engine ``name``'s block (``tts.<name>``) as ``model``, the ``EngineSection`` it declares;
+        the model's defaults when this configuration has none (the engine is not registered here)."""
+        found = (self.model_extra or {}).get(name)
+        if found is None:
+            return model()
+        if not isinstance(found, model):
+            raise TypeError(f"tts.{name} is a {type(found).__name__}, not a {model.__name__}")
+        return found
 
 
 class QueueConfig(Section):
@@ -372,7 +406,7 @@ class TextConfig(Section):
 class DaemonConfig(Section):
     site_id: str = Field("default", min_length=1)
     mqtt: MqttConfig = MqttConfig()
-    tts: TtsConfig = TtsConfig()
+    tts: TtsConfig = Field(default_factory=dict, validate_default=True)  # validated as given: the engines are read then
     queue: QueueConfig = QueueConfig()
     journal: JournalConfig = JournalConfig()
     audio: AudioConfig = AudioConfig()
@@ -481,12 +515,17 @@ def _blame(loc: tuple[str, ...], file_data: dict[str, Any], file_label: str, env
 
 
 def _section_model(loc: tuple[str, ...]) -> type[BaseModel] | None:
-    """The model of the section at ``loc`` (``("mqtt", "tls")`` -> TlsConfig), None when it is not one."""
+    """The model of the section at ``loc`` (``("mqtt", "tls")`` -> TlsConfig, ``("tts", "torch")`` ->
+    the block the torch engine declares), None when it is not one."""
     model: type[BaseModel] = DaemonConfig
     for part in loc:
         field = model.model_fields.get(part)
         if field is None:
-            return None
+            block = engine_sections().get(part) if model is TtsConfig else None
+            if block is None:
+                return None
+            model = block
+            continue
         candidates = [field.annotation, *get_args(field.annotation)]
         found = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
         if found is None:
@@ -500,7 +539,8 @@ def _suggest(loc: tuple[str, ...]) -> str:
     model = _section_model(loc[:-1]) if loc else None
     if model is None:
         return ""
-    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1)
+    keys = [*model.model_fields, *(engine_sections() if model is TtsConfig else ())]
+    close = difflib.get_close_matches(loc[-1], keys, n=1)
     return f"; did you mean {'.'.join((*loc[:-1], close[0]))}?" if close else ""
 
 

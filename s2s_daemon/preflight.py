@@ -81,8 +81,9 @@ def _isa(config: DaemonConfig) -> list[Finding]:
     if config.tts.engine != "torch":
         return []
     from s2s_daemon.tts.isa import refusal
+    from s2s_daemon.tts.torch_qwen3.options import TorchSection
 
-    why = refusal(config.tts.torch.isa)
+    why = refusal(config.tts.section("torch", TorchSection).isa)
     return [Finding("tts.torch.isa", why)] if why is not None else []
 
 

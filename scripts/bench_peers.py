@@ -132,12 +132,13 @@ def ours(args: argparse.Namespace) -> dict[str, Any]:
     prepare_openmp()  # before torch loads, as the daemon does
     import torch
 
-    from s2s_daemon.config import TorchEngineConfig, TtsConfig
+    from s2s_daemon.config import TtsConfig
     from s2s_daemon.tts.engine import SynthesisRequest
     from s2s_daemon.tts.registry import engine_options
     from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
+    from s2s_daemon.tts.torch_qwen3.options import TorchSection
 
-    section = TorchEngineConfig(device="cpu", quantization=args.child_format, kernels="native", threads=args.threads)
+    section = TorchSection(device="cpu", quantization=args.child_format, kernels="native", threads=args.threads)
     tts = TtsConfig(model=str(args.model), torch=section, options={"prepared_cache": str(args.cache)})
     options = engine_options(tts)
     engine = TorchQwen3Engine(options)

@@ -27,8 +27,9 @@ import yaml
 from wyoming.event import async_read_event, async_write_event
 from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
 
-from s2s_daemon.config import TorchEngineConfig, load_config
+from s2s_daemon.config import load_config
 from s2s_daemon.pipeline.vocabulary import LANGUAGE_ALIASES
+from s2s_daemon.tts.torch_qwen3.options import TorchSection
 
 ROOT = Path(__file__).resolve().parents[1]
 ADDON = ROOT / "homeassistant" / "s2s_daemon"
@@ -151,7 +152,7 @@ def test_the_schema_offers_what_the_daemon_accepts(addon: tuple[ModuleType, Modu
         return found.group(1).split("|")
 
     assert sorted(choices(data["schema"]["quantization"])) == sorted(
-        typing.get_args(TorchEngineConfig.model_fields["quantization"].annotation)
+        typing.get_args(TorchSection.model_fields["quantization"].annotation)
     )
     assert set(choices(data["schema"]["language"])) == set(LANGUAGE_ALIASES.values())
     for option in ("language", "quantization"):

@@ -9,7 +9,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from s2s_daemon.config import DaemonConfig, load_config
+from s2s_daemon.config import DaemonConfig, TtsConfig, load_config
+from s2s_daemon.engines import sections as engine_sections
 
 DEFAULT_YAML = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 
@@ -22,10 +23,16 @@ def section_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def keys_of(model: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
+    """A section's keys, each with its model when it is a section itself; ``tts`` has each
+    registered engine's own block besides its fields (``tts.torch``: ``engines.py``)."""
+    found = {name: section_of(field.annotation) for name, field in model.model_fields.items()}
+    return {**found, **engine_sections()} if model is TtsConfig else found
+
+
 def schema_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
     keys: set[str] = set()
-    for name, field in model.model_fields.items():
-        section = section_of(field.annotation)
+    for name, section in keys_of(model).items():
         keys |= schema_keys(section, f"{prefix}{name}.") if section is not None else {f"{prefix}{name}"}
     return keys
 
@@ -33,8 +40,7 @@ def schema_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
 def file_keys(data: dict[str, Any], model: type[BaseModel], prefix: str = "") -> set[str]:
     keys: set[str] = set()
     for name, value in data.items():
-        field = model.model_fields.get(str(name))
-        section = section_of(field.annotation) if field is not None else None
+        section = keys_of(model).get(str(name))
         if section is not None and isinstance(value, dict):
             keys |= file_keys(value, section, f"{prefix}{name}.")
         else:

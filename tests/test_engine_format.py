@@ -19,6 +19,7 @@ from s2s_daemon.config import load_config
 pytest.importorskip("torch")
 
 from s2s_daemon.tts.torch_qwen3.formats import choose_format
+from s2s_daemon.tts.torch_qwen3.options import TorchSection
 
 TINY = Path(__file__).parent / "fixtures" / "qwen3_tiny" / "custom_voice"
 
@@ -28,7 +29,7 @@ def _never() -> str | None:
 
 
 def test_the_default_configuration_asks_for_auto() -> None:
-    torch = load_config(None, environ={}).tts.torch
+    torch = load_config(None, environ={}).tts.section("torch", TorchSection)
     assert (torch.dtype, torch.quantization, torch.threads) == ("auto", "auto", "auto")
 
 

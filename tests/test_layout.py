@@ -11,7 +11,7 @@ import pytest
 import s2s_daemon
 
 ROWS = [
-    {"config", "errors", "logs", "progress", "notify", "holders", "build_lock", "__init__"},
+    {"config", "engines", "errors", "logs", "progress", "notify", "holders", "build_lock", "__init__"},
     {"pipeline", "text"},
     {"mqtt"},
     {"tts"},

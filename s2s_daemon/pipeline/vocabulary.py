@@ -22,7 +22,7 @@ class EngineInfo:
     """What a loaded engine can do; published on ``<p>/<site>/info``."""
 
     engine: str
-    """Registry name: ``torch`` or ``mlx``."""
+    """Its registry name, the one ``tts.engine`` gives: ``torch``, ``mlx``, a third party's."""
     model: str
     """Hub id or local folder the weights came from, as the engine loaded them; the daemon names
     it with ``model_name`` once loaded (``EngineWorker.load``): a local folder by its name."""

@@ -14,6 +14,7 @@ from typing import Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from s2s_daemon.engines import EngineSection
 from s2s_daemon.errors import ConfigError
 from s2s_daemon.pipeline.vocabulary import (
     DeviceMemory,
@@ -74,7 +75,8 @@ class SynthesisRequest:
 
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
-    """Engine construction options taken from the ``tts`` config section."""
+    """Engine construction options taken from the ``tts`` config section (``registry.engine_options``:
+    the fields its block's ``engine_fields`` names come from that block)."""
 
     model: str
     device: str = "auto"
@@ -89,7 +91,10 @@ class EngineOptions:
     """Torch on the CPU: intra-op threads; None follows what the machine leaves free."""
     revision: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
-    """Backend-specific knobs (test engines use this for speed)."""
+    """``tts.options``: backend-specific knobs as strings (the engine reads them with its ``OptionsSchema``)."""
+    section: EngineSection | None = None
+    """The engine's own ``tts.<name>`` block, validated (the ``EngineSection`` its spec declares);
+    None for an engine without one, or options made outside a configuration."""
 
 
 class OptionsSchema(BaseModel):

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +32,7 @@ import numpy as np
 import structlog
 from pydantic import Field
 
+from s2s_daemon.engines import EngineSection, EngineSpec
 from s2s_daemon.errors import ConfigError
 from s2s_daemon.pipeline.vocabulary import (
     DeviceMemory,
@@ -265,6 +266,17 @@ class _ClonePromptHook:
             self.used.add("codes")
             return self.pending.ref_codes
         return self.reference_codes(audio)
+
+
+class MlxSection(EngineSection):
+    """``tts.mlx``."""
+
+    device: Literal["auto", "metal", "cpu"] = "auto"
+    """``auto`` (Metal when there is one, else the CPU), ``metal`` or ``cpu``."""
+    quantization: Literal["4bit", "6bit", "8bit", "bf16"] = "6bit"
+
+    def engine_fields(self) -> Mapping[str, Any]:
+        return {"device": self.device, "quantization": self.quantization}
 
 
 class MlxOptions(OptionsSchema):
@@ -719,3 +731,13 @@ def _clone_model_key(folder: Path, dtype: str, device: str) -> str:
 def _talker_dtype(model: Any) -> str:
     """The dtype of an unquantized talker, named as ``EngineInfo.dtype`` names it."""
     return str(model.talker.codec_head.weight.dtype).removeprefix("mlx.core.")
+
+
+ENGINE = EngineSpec(
+    engine=MlxQwen3Engine,  # this module imports mlx only inside the engine's methods
+    install="s2s-daemon[mlx]",
+    requires=("mlx", "mlx_audio"),
+    section=MlxSection,
+    options=MlxOptions,
+)
+"""The mlx engine, as ``pyproject.toml``'s ``s2s_daemon.engines`` entry point ``mlx`` names it."""
