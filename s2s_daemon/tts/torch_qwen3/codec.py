@@ -163,8 +163,8 @@ CODEC_WEIGHTS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """The CPU decoder's matrix weights (``EngineOptions.extra['codec_dtype']``, ``auto`` by default)."""
 BF16_DOT_FLAGS = {"x86_64": ("avx512_bf16", "amx_bf16"), "aarch64": ("bf16",)}
 """Per architecture, the ``/proc/cpuinfo`` flags of bfloat16 dot-product instructions (x86-64:
-AVX512-BF16, AMX-BF16; aarch64: FEAT_BF16's BFDOT and BFMMLA, Graviton 3 and later), which oneDNN's
-bfloat16 products run on; without them it widens bfloat16 to float32 or falls back to slow code."""
+AVX512-BF16, AMX-BF16; aarch64: FEAT_BF16's BFDOT and BFMMLA), which oneDNN's bfloat16 products
+run on; without them it widens bfloat16 to float32 or falls back to slow code."""
 
 
 def bf16_dot_products(flags: set[str] | None = None, arch: str | None = None) -> bool:

@@ -1,7 +1,6 @@
 // The `dotprod` path: arm.inc with Armv8.2's dot product (SDOT: four int8 products into each int32
-// lane), for a Raspberry Pi 5's Cortex-A76 and the Cortex-A55 of Home Assistant Green. setup.py
-// compiles this unit alone with -march=armv8.2-a+dotprod; the CPU is checked (HWCAP_ASIMDDP) before
-// it runs.
+// lane). setup.py compiles this unit alone with -march=armv8.2-a+dotprod; the CPU is checked
+// (HWCAP_ASIMDDP) before it runs.
 
 #if defined(__aarch64__)
 

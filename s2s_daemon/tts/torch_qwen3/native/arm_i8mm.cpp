@@ -1,6 +1,6 @@
-// The `i8mm` path: arm.inc with the int8 matrix multiply (SMMLA: a 2x8 by 8x2 block of int8 into
-// four int32 sums) beside SDOT, for Graviton 3 and 4 and Apple M2 and later: the integer formats'
-// pairs of weight rows against pairs of input rows. setup.py compiles this unit alone with
+// The `i8mm` path: arm.inc with the int8 matrix multiply (FEAT_I8MM's SMMLA: a 2x8 by 8x2 block of
+// int8 into four int32 sums) beside SDOT: the integer formats' pairs of weight rows against pairs of
+// input rows. setup.py compiles this unit alone with
 // -march=armv8.2-a+dotprod+i8mm; the CPU is checked (HWCAP2_I8MM) before it runs.
 
 #if defined(__aarch64__)

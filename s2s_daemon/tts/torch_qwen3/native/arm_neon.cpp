@@ -1,5 +1,5 @@
-// The `neon` path: arm.inc with Armv8.0's Advanced SIMD alone, which every aarch64 CPU has (a
-// Raspberry Pi 4's Cortex-A72): the integer formats on widening multiplies. Compiled for the
+// The `neon` path: arm.inc with Armv8.0's Advanced SIMD alone, which every aarch64 CPU has: the
+// integer formats on widening multiplies. Compiled for the
 // baseline (setup.py gives this unit no -march), so it holds no newer instruction than the portable
 // path's (scripts/arm64_check.sh looks for SDOT and SMMLA in its object).
 
