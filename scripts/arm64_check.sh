@@ -9,19 +9,21 @@
 #               our kernels never use but the tests' references and the engine's prompt do),
 # the check command, check-config's refusal of a path the CPU lacks (exit 78), the tests marked
 # `arm64` (each path this CPU runs against the portable one, the greedy codes of the tiny checkpoint
-# against x86-64's) and a whole `say` whose audio is the official x86 golden's. qemu raises SIGILL on
-# an instruction the emulated CPU lacks, so the run-time choice is tested for real; emulation is
-# 100-250x slower than native for the kernels: correctness only, no timing. Also checks the objects:
-# no SDOT or SMMLA in the portable and neon ones, nothing exported by the dotprod and i8mm ones but
-# their table (kernels.h). One line per check, "ok" or "FAIL"; exit 1 when any failed.
+# against x86-64's) and, on one of them, a whole `say` whose audio is the official x86 golden's.
+# qemu raises SIGILL on an instruction the emulated CPU lacks, so the run-time choice is tested for
+# real; emulation is 100-250x slower than native for the kernels: correctness only, no timing. Also
+# checks the objects: no SDOT or SMMLA in the portable and neon ones, nothing exported by the
+# dotprod and i8mm ones but their table (kernels.h). One line per check, "ok" or "FAIL"; exit 1
+# when any failed.
 #
 #   bash scripts/arm64_check.sh          # set up (once, cached), build, check
 #   bash scripts/arm64_check.sh setup    # only the cached userland
 #   bash scripts/arm64_check.sh down     # unmount what a killed run left mounted
 #
-# Cold (nothing cached: apt, debootstrap, 2.7 GB of wheels) about 8 minutes on 2 busy cores and
-# 7.7 GB; warm about 8 (the build and the three CPUs). Needs root (binfmt, mounts, chroot; sudo
-# otherwise) and the package registries. PyPI's aarch64 torch is the CUDA build: its NVIDIA
+# Warm (the userland cached) about 8 minutes on 2 busy cores: the build 10-20 s, each CPU 1.5-4
+# minutes, the `say` alone about 2. Cold, making the userland first (apt, debootstrap, 2.7 GB of
+# wheels, 7.7 GB on disk) adds about 8 minutes. Needs root (binfmt, mounts, chroot; sudo otherwise)
+# and the package registries. PyPI's aarch64 torch is the CUDA build: its NVIDIA
 # libraries are installed (it depends on them) and never load.
 #
 # Environment:
@@ -29,10 +31,12 @@
 #                    a run has it mounted: /dev is bound inside; `down` first)
 #   S2S_ARM64_CPUS   the emulated CPUs (default "cortex-a72 neoverse-n1 max,sve=off"; also
 #                    cortex-a76, cortex-a53)
+#   S2S_ARM64_SAY_CPU  the CPU a whole `say` runs on (default neoverse-n1, the dotprod path: a
+#                    Raspberry Pi 5's kind; the others check the same engine's codes)
 #   S2S_ARM64_TORCH  torch's version in the userland (default 2.13.0)
 #
 # The checkout is copied into the userland (tracked and untracked files, not the ignored ones), so
-# the host's own build of the library is left alone. Runs are serialized on a lock in the folder.
+# the host's own build of the library is left alone. Runs are serialized on a lock beside the folder.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ACTION=${1:-check}
@@ -46,6 +50,7 @@ DEPS=/opt/s2s-deps  # inside the userland: the project's own dependencies, besid
 SRC=/opt/s2s-src    # inside the userland: the checkout's copy
 TORCH_VERSION=${S2S_ARM64_TORCH:-2.13.0}
 CPUS=${S2S_ARM64_CPUS:-cortex-a72 neoverse-n1 max,sve=off}
+SAY_CPU=${S2S_ARM64_SAY_CPU:-neoverse-n1}
 # The project's runtime dependencies the tests and `say` import (pyproject.toml's, and the torch
 # extra's but transformers and huggingface_hub: the tiny checkpoint reads tokenizer.json alone),
 # and the test plugins pyproject.toml's pytest settings name.
@@ -180,25 +185,29 @@ down() {
   grep -o " $R/[^ ]*" /proc/mounts | sort -r | while read -r m; do umount "$m" || umount -l "$m"; done
 }
 
-# aarch64 wheels, fetched and unpacked by this machine's own pip (--platform, --target): torch and
-# numpy into the userland's venv, the project's dependencies into $DEPS (rebuilt when DEP_PKGS change).
-platform_pip() {
+# aarch64 wheels, fetched by this machine's own pip (--platform) into $W/wheels (kept: a setup
+# again downloads nothing) and unpacked from there (--target): torch and numpy into the userland's
+# venv, the project's dependencies into $DEPS (again when DEP_PKGS change).
+platform_pip() { # platform_pip download|install ARGS...
   local plat=(--python-version 3.11 --implementation cp --abi cp311 --only-binary=:all:) v
   for v in $(seq 17 36); do plat+=(--platform "manylinux_2_${v}_aarch64"); done
   plat+=(--platform manylinux2014_aarch64 --platform linux_aarch64)
-  host_pip install -q --disable-pip-version-check "${plat[@]}" "$@"
+  host_pip "$1" -q --disable-pip-version-check "${plat[@]}" "${@:2}"
+}
+fetch_and_unpack() { # fetch_and_unpack TARGET REQUIREMENTS...
+  platform_pip download -d "$W/wheels" "${@:2}"
+  platform_pip install --no-index --find-links "$W/wheels" --target "$1" "${@:2}"
+  rm -rf "$1/bin" # console scripts written by --target carry the host's shebang: python -m instead
 }
 wheels() {
   if [ ! -d "$SP/torch" ]; then
     [ -x "$R/opt/venv/bin/python" ] || chroot "$R" /usr/bin/python3 -m venv --without-pip /opt/venv
-    platform_pip --target "$SP" "torch==$TORCH_VERSION" numpy pytest setuptools
-    rm -rf "$SP/bin" # console scripts written by --target carry the host's shebang: python -m instead
+    fetch_and_unpack "$SP" "torch==$TORCH_VERSION" numpy pytest setuptools
   fi
   local stamp="$R$DEPS/.requirements"
   if [ "$(cat "$stamp" 2>/dev/null)" != "${DEP_PKGS[*]}" ]; then
     rm -rf "${R:?}$DEPS"
-    platform_pip --target "$R$DEPS" "${DEP_PKGS[@]}"
-    rm -rf "$R$DEPS/bin"
+    fetch_and_unpack "$R$DEPS" "${DEP_PKGS[@]}"
     printf '%s' "${DEP_PKGS[*]}" >"$stamp"
   fi
 }
@@ -265,7 +274,7 @@ expect_paths() {
   esac
 }
 check_cpu() {
-  local cpu=$1 want out best refused rc
+  local cpu=$1 want out best refused rc tests
   export QEMU_CPU=$cpu
   fake_cpu "$cpu"
   want=$(expect_paths "$cpu")
@@ -290,10 +299,13 @@ check_cpu() {
     [ "$rc" = 78 ] && grep -q "tts.torch.isa" <<<"$out" && ok "$cpu: check-config refuses isa $refused (78)" ||
       fail "$cpu: check-config with isa $refused exited $rc: $out"
   fi
+  # A whole `say` (a minute and a half emulated) on one CPU: the others run the same engine's codes.
+  tests=(tests/test_native_kernels.py tests/test_arm64_codes.py)
+  [ "$cpu" = "$SAY_CPU" ] || tests+=(--deselect tests/test_arm64_codes.py::test_a_whole_say_speaks_the_official_audio)
   rc=0
-  inside python -m pytest -q -m arm64 -p no:cacheprovider \
-    tests/test_native_kernels.py tests/test_codec_precision.py tests/test_arm64_codes.py >"$W/pytest-$cpu.log" 2>&1 || rc=$?
-  [ "$rc" = 0 ] && ok "$cpu: tests marked arm64: $(tail -1 "$W/pytest-$cpu.log")" || {
+  inside python -m pytest -q -m arm64 -p no:cacheprovider --durations=5 "${tests[@]}" >"$W/pytest-$cpu.log" 2>&1 ||
+    rc=$?
+  [ "$rc" = 0 ] && ok "$cpu: tests marked arm64$([ "$cpu" = "$SAY_CPU" ] && echo ", a whole say"): $(tail -1 "$W/pytest-$cpu.log")" || {
     fail "$cpu: tests marked arm64 (exit $rc), $W/pytest-$cpu.log:"
     tail -40 "$W/pytest-$cpu.log"
   }

@@ -1,7 +1,8 @@
 """The tiny checkpoint's greedy codes, and a whole ``say``, the same on every machine and path.
 
 In the suite on x86-64 and, marked ``arm64``, on each CPU ``scripts/arm64_check.sh`` emulates
-(cortex-a72: the neon path, neoverse-n1: dotprod, max: i8mm), the widest path the CPU runs:
+(cortex-a72: the neon path, neoverse-n1: dotprod, max: i8mm; the whole ``say`` on one of them),
+the widest path the CPU runs:
 
 - float32 weights: the official goldens' codes (made on x86-64, ``test_torch_parity.py``), exactly,
   spoken by a whole ``s2s-daemon say`` (a subprocess) whose WAV is the goldens' audio within the
