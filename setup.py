@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import sys
 from pathlib import Path
 
@@ -21,9 +22,20 @@ from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
 
 NATIVE = Path("s2s_daemon/tts/torch_qwen3/native")
-SOURCES = ["api.cpp", "portable.cpp", "x86_avx2.cpp", "x86_avx512.cpp"]
-"""Every architecture compiles all of them: each ISA unit is empty on the other architectures.
-aarch64's neon/dotprod/i8mm units go here (and their -DS2S_HAVE_* below) when they exist."""
+SOURCES = [
+    "api.cpp",
+    "portable.cpp",
+    "x86_avx2.cpp",
+    "x86_avx512.cpp",
+    "arm_neon.cpp",
+    "arm_dotprod.cpp",
+    "arm_i8mm.cpp",
+]
+"""Every architecture compiles all of them: each ISA unit is empty on the other architectures."""
+ISA_FLAGS = {"arm_dotprod.cpp": ["-march=armv8.2-a+dotprod"], "arm_i8mm.cpp": ["-march=armv8.2-a+dotprod+i8mm"]}
+"""aarch64's units beyond the baseline, each compiled alone with its own flags (x86-64's units set
+their target with a pragma instead): the other units never hold a newer instruction, and these
+export nothing another unit could take at link time (kernels.h; scripts/arm64_check.sh checks)."""
 SOURCE_SUFFIXES = (".cpp", ".h", ".inc")
 
 
@@ -44,6 +56,42 @@ class BuildKernels(build_ext):
 
     def get_export_symbols(self, ext: Extension) -> list[str]:
         return []  # no PyInit_ function: ctypes finds the s2s_* functions by name
+
+    def build_extension(self, ext: Extension) -> None:
+        """On aarch64, ``ISA_FLAGS``' units compiled one by one with their flags, then the rest."""
+        flags = isa_flags(getattr(self.compiler, "compiler_so", []))
+        units = [src for src in ext.sources if Path(src).name in flags]
+        if not units:
+            super().build_extension(ext)
+            return
+        objects = []
+        for src in units:
+            objects += self.compiler.compile(
+                [src],
+                output_dir=self.build_temp,
+                macros=ext.define_macros,
+                include_dirs=ext.include_dirs,
+                extra_postargs=[*ext.extra_compile_args, *flags[Path(src).name]],
+                depends=ext.depends,
+            )
+        kept = ext.sources, ext.extra_objects, ext.depends
+        ext.sources = [src for src in ext.sources if src not in units]
+        ext.extra_objects = [*ext.extra_objects, *objects]
+        ext.depends = [*ext.depends, *units]  # an edited unit relinks the library
+        try:
+            super().build_extension(ext)
+        finally:
+            ext.sources, ext.extra_objects, ext.depends = kept
+
+
+def isa_flags(compiler: list[str]) -> dict[str, list[str]]:
+    """``ISA_FLAGS`` where the library is built for aarch64 (this machine, or a compiler named for
+    it); on macOS behind ``-Xarch_arm64``, for the arm64 half of a universal build. None elsewhere."""
+    if sys.platform == "darwin":
+        return {name: [f for flag in flags for f in ("-Xarch_arm64", flag)] for name, flags in ISA_FLAGS.items()}
+    if platform.machine().lower() in ("aarch64", "arm64") or "aarch64" in " ".join(compiler):
+        return ISA_FLAGS
+    return {}
 
 
 class PlainLibraryWheel(bdist_wheel):

@@ -153,22 +153,26 @@ def test_the_bfloat16_path_keeps_activations_norms_and_snake_in_float32(ext: Any
 
 
 @pytest.mark.parametrize(
-    ("requested", "has_ext", "flags", "want"),
+    ("requested", "has_ext", "arch", "flags", "want"),
     [
-        ("auto", True, {"avx2", "fma", "avx512f", "avx512_bf16"}, torch.bfloat16),  # AMD EPYC (Zen 4/5)
-        (None, True, {"avx2", "fma", "amx_bf16", "amx_tile", "avx512_bf16"}, torch.bfloat16),  # Intel Xeon SPR
-        ("auto", True, {"avx2", "fma"}, torch.float32),  # AVX2-only EPYC
-        ("auto", True, {"avx2", "fma", "avx512f", "avx512bw"}, torch.float32),  # AVX-512 without bfloat16
-        ("auto", False, {"avx512_bf16"}, torch.float32),  # no native kernels (ARM, no compiler)
-        ("float32", True, {"avx512_bf16"}, torch.float32),
-        ("bfloat16", True, {"avx2", "fma"}, torch.bfloat16),  # asked for: allowed, if slow
-        (" BFloat16 ", True, set(), torch.bfloat16),
+        ("auto", True, "x86_64", {"avx2", "fma", "avx512f", "avx512_bf16"}, torch.bfloat16),  # AMD EPYC (Zen 4/5)
+        (None, True, "x86_64", {"avx2", "fma", "amx_bf16", "amx_tile", "avx512_bf16"}, torch.bfloat16),  # Xeon SPR
+        ("auto", True, "x86_64", {"avx2", "fma"}, torch.float32),  # AVX2-only EPYC
+        ("auto", True, "x86_64", {"avx2", "fma", "avx512f", "avx512bw"}, torch.float32),  # AVX-512 without bfloat16
+        ("auto", False, "x86_64", {"avx512_bf16"}, torch.float32),  # no native kernels (no compiler at install)
+        ("auto", True, "aarch64", {"asimd", "asimddp", "sve", "i8mm", "bf16"}, torch.bfloat16),  # Graviton 3
+        ("auto", True, "aarch64", {"asimd", "asimddp"}, torch.float32),  # Raspberry Pi 5
+        ("auto", True, "aarch64", {"asimd", "avx512_bf16"}, torch.float32),  # another architecture's flag
+        ("float32", True, "aarch64", {"bf16"}, torch.float32),
+        ("float32", True, "x86_64", {"avx512_bf16"}, torch.float32),
+        ("bfloat16", True, "x86_64", {"avx2", "fma"}, torch.bfloat16),  # asked for: allowed, if slow
+        (" BFloat16 ", True, "x86_64", set(), torch.bfloat16),
     ],
 )
 def test_auto_chooses_bfloat16_only_with_bfloat16_dot_products(
-    requested: str | None, has_ext: bool, flags: set[str], want: Any
+    requested: str | None, has_ext: bool, arch: str, flags: set[str], want: Any
 ) -> None:
-    dtype, why = pick_codec_weights(requested, object() if has_ext else None, flags)
+    dtype, why = pick_codec_weights(requested, object() if has_ext else None, flags, arch)
     assert dtype == want and why
     assert dtype in AUTO_PATHS
 

@@ -29,8 +29,8 @@ PI5 = "Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimd
 PI4 = "Features\t: fp asimd evtstrm crc32 cpuid"
 GRAVITON3 = PI5 + " sve i8mm bf16"
 X86_BUILD = ("generic", "avx2", "avx512")
-ARM_BUILD = ("generic",)
-"""What this build carries on each architecture (aarch64: the portable path; neon... are hooks)."""
+ARM_BUILD = ("generic", "neon", "dotprod", "i8mm")
+"""What this build carries on each architecture (``test_native_kernels.py`` checks the library)."""
 
 
 @pytest.mark.parametrize(
@@ -40,9 +40,9 @@ ARM_BUILD = ("generic",)
         ("x86_64", ZEN4, ("generic", "avx2", "avx512"), "avx512", "auto: cpu has avx512_vnni"),
         ("x86_64", SAPPHIRE_RAPIDS, ("generic", "avx2", "avx512", "amx"), "avx512", "auto: cpu has avx512_vnni"),
         ("x86_64", OLD_XEON, ("generic",), "generic", "auto: portable C (the cpu has none of the wider paths)"),
-        ("aarch64", PI4, ("generic", "neon"), "generic", "auto: portable C (this build carries no neon path)"),
-        ("aarch64", PI5, ("generic", "neon", "dotprod"), "generic", "no neon or dotprod path"),
-        ("aarch64", GRAVITON3, ("generic", "neon", "dotprod", "i8mm"), "generic", "no neon or dotprod or i8mm"),
+        ("aarch64", PI4, ("generic", "neon"), "neon", "auto: cpu has asimd"),
+        ("aarch64", PI5, ("generic", "neon", "dotprod"), "dotprod", "auto: cpu has asimddp"),
+        ("aarch64", GRAVITON3, ("generic", "neon", "dotprod", "i8mm"), "i8mm", "auto: cpu has i8mm"),
     ],
     ids=["n100", "zen4", "sapphire-rapids", "sandy-bridge", "pi4", "pi5", "graviton3"],
 )

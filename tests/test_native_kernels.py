@@ -1,6 +1,7 @@
 """The native CPU kernels (``torch_qwen3/native``) against plain torch on the same weights, on
-every instruction-set path this CPU can run (x86-64 here: ``generic``, ``avx2``, ``avx512``), and
-the paths against each other.
+every instruction-set path this CPU can run (x86-64: ``generic``, ``avx2``, ``avx512``; aarch64:
+``generic``, ``neon``, ``dotprod``, ``i8mm``), and the paths against each other. The tests marked
+``arm64`` also run on emulated aarch64 CPUs (``scripts/arm64_check.sh``).
 
 The library is built at install (``pip install -e .``, as ``scripts/test`` does). Where it is
 missing these tests fail when a C++ compiler is on PATH (the install should have built it) and
@@ -58,6 +59,16 @@ def path(request: pytest.FixtureRequest) -> Any:
     return kernels
 
 
+@pytest.mark.arm64
+def test_one_build_carries_every_path_of_its_architecture() -> None:
+    """x86-64: generic, avx2, avx512 (amx runs the avx512 path); aarch64: generic, neon, dotprod, i8mm,
+    each checked against the CPU before it runs (``scripts/arm64_check.sh`` runs them on three
+    emulated CPUs)."""
+    _library_or_skip()
+    assert native.carried_paths() == tuple(p for p in paths_of(architecture()) if p != "amx")
+    assert native.load() is not None and native.load().isa == _runnable()[-1]
+
+
 def _linear(n: int, k: int, bias: bool, seed: int = 0) -> nn.Linear:
     torch.manual_seed(seed)
     layer = nn.Linear(k, n, bias=bias)
@@ -69,6 +80,7 @@ def _linear(n: int, k: int, bias: bool, seed: int = 0) -> nn.Linear:
 
 
 @pytest.mark.slow
+@pytest.mark.arm64
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
 def test_packing_error_is_within_half_a_step(path: Any, fmt: str) -> None:
     layer = _linear(48, 256, bias=False)
@@ -91,6 +103,7 @@ def test_packing_error_is_within_half_a_step(path: Any, fmt: str) -> None:
     assert packed.weight_bytes < w.numel() * 4 or fmt == "float32"
 
 
+@pytest.mark.arm64
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("shape", [(48, 256), (33, 128), (1, 64)])  # odd rows: a lone last row
 def test_extension_packs_as_the_reference(ext: Any, fmt: str, shape: tuple[int, int]) -> None:
@@ -108,6 +121,7 @@ def test_extension_packs_as_the_reference(ext: Any, fmt: str, shape: tuple[int, 
                 assert g.dtype == r.dtype and torch.equal(g, r)
 
 
+@pytest.mark.arm64
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 33, 70])  # streamed, blocked (<= 64), widened for torch.mm
 @pytest.mark.parametrize("shape", [(64, 96), (320, 512), (33, 128)])  # odd out_features: a lone last row
@@ -129,6 +143,7 @@ def test_linear_matches_the_dequantized_weight(path: Any, fmt: str, rows: int, s
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.arm64
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 33, 70])
 def test_every_path_computes_what_the_generic_one_does(fmt: str, rows: int) -> None:
@@ -159,6 +174,7 @@ def _q8_blocks(x: torch.Tensor) -> torch.Tensor:
     return (q * scale).reshape(x.shape)
 
 
+@pytest.mark.arm64
 def test_int4_group_sizes(path: Any) -> None:
     layer = _linear(40, 256, bias=False)
     x = torch.randn(3, 256)
@@ -207,6 +223,7 @@ def _stack(seed: int) -> tuple[DecoderStack, DecoderConfig]:
 # The glue (norms, RoPE, cache writes, attention, residuals) is the same code for every weight
 # format; float weights keep the comparison exact. With int8/int4 the input of each product is
 # quantized, so a last-bit difference upstream can move a rounding step and the two paths drift.
+@pytest.mark.arm64
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16"])
 @torch.inference_mode()
 def test_native_stack_equals_the_python_layers(path: Any, fmt: str) -> None:
@@ -236,6 +253,7 @@ def test_native_stack_equals_the_python_layers(path: Any, fmt: str) -> None:
     torch.testing.assert_close(caches[1].v[..., :pos, :], caches[0].v[..., :pos, :], rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.arm64
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
 @torch.inference_mode()
 def test_every_paths_stack_computes_what_the_generic_one_does(fmt: str) -> None:
@@ -328,6 +346,7 @@ def test_stack_needs_every_linear_packed(ext: Any) -> None:
 # ---------------------------------------------------------------- the codec decoder's kernels
 
 
+@pytest.mark.arm64
 @pytest.mark.parametrize("scale", [0.1, 1.0, 30.0])
 @pytest.mark.parametrize("time", [1, 7, 8, 1003])  # vector body and scalar tail
 def test_snake_matches_the_formula(path: Any, scale: float, time: int) -> None:
@@ -369,6 +388,7 @@ class _Counting:
         return call
 
 
+@pytest.mark.arm64
 def test_codec_decoder_on_native_kernels_equals_plain_torch(ext: Any) -> None:
     """A random decoder whose widths the kernels take (multiples of 32): its few-column conv GEMMs and
     SnakeBeta run natively, streamed in chunks of 1 and 4 frames, and match plain torch's one-shot

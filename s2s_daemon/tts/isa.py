@@ -3,8 +3,8 @@
 One build of the kernels carries every path of its architecture and runs the widest this CPU has
 (``torch_qwen3/native``): on x86-64 ``generic`` (portable C), ``avx2`` (AVX2 and FMA) and
 ``avx512`` (AVX-512 with VNNI); ``amx`` is accepted on a CPU with AMX and runs the avx512 path
-(there are no AMX kernels). On aarch64 ``generic``, and the names ``neon`` (Armv8.0),
-``dotprod`` (Armv8.2) and ``i8mm`` (Armv8.6) for the paths a build may carry. ``tts.torch.isa``
+(there are no AMX kernels). On aarch64 ``generic``, ``neon`` (Armv8.0's Advanced SIMD),
+``dotprod`` (Armv8.2's SDOT) and ``i8mm`` (the int8 matrix multiply, SMMLA). ``tts.torch.isa``
 caps the path for tests and benchmarks; ``check-config`` and ``run`` refuse a path this CPU cannot
 run before anything loads (``preflight``: exit 78 naming the key). This module reads the CPU as the
 operating system reports it (``/proc/cpuinfo``, macOS's ``sysctl``) and needs no torch; the library

@@ -161,21 +161,25 @@ def _low_mm(weight: Tensor, columns: Tensor) -> Tensor:
 
 CODEC_WEIGHTS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """The CPU decoder's matrix weights (``EngineOptions.extra['codec_dtype']``, ``auto`` by default)."""
-BF16_DOT_FLAGS = ("avx512_bf16", "amx_bf16")
-"""CPU flags of bfloat16 dot-product instructions (AVX512-BF16, AMX-BF16), which oneDNN's bfloat16
-products run on; without them it widens bfloat16 to float32 (AVX-512) or falls back to slow code."""
+BF16_DOT_FLAGS = {"x86_64": ("avx512_bf16", "amx_bf16"), "aarch64": ("bf16",)}
+"""Per architecture, the ``/proc/cpuinfo`` flags of bfloat16 dot-product instructions (x86-64:
+AVX512-BF16, AMX-BF16; aarch64: FEAT_BF16's BFDOT and BFMMLA), which oneDNN's bfloat16 products
+run on; without them it widens bfloat16 to float32 or falls back to slow code."""
 
 
-def bf16_dot_products(flags: set[str] | None = None) -> bool:
-    """Whether this CPU (or one with ``flags``, ``/proc/cpuinfo``'s) has bfloat16 dot products."""
+def bf16_dot_products(flags: set[str] | None = None, arch: str | None = None) -> bool:
+    """Whether this CPU (or one of ``arch`` with ``flags``, ``/proc/cpuinfo``'s) has bfloat16 dot
+    products. On macOS, which has no ``/proc/cpuinfo``, none are found."""
+    from s2s_daemon.tts.isa import architecture, this_cpu_flags
+
     if flags is None:
-        from s2s_daemon.tts.isa import this_cpu_flags
-
         flags = set(this_cpu_flags())
-    return any(flag in flags for flag in BF16_DOT_FLAGS)
+    return any(flag in flags for flag in BF16_DOT_FLAGS.get(architecture(arch), ()))
 
 
-def pick_codec_weights(requested: str | None, ext: Any, flags: set[str] | None = None) -> tuple[torch.dtype, str]:
+def pick_codec_weights(
+    requested: str | None, ext: Any, flags: set[str] | None = None, arch: str | None = None
+) -> tuple[torch.dtype, str]:
     """(dtype of the CPU decoder's matrix weights, why) for ``extra['codec_dtype']``.
 
     ``auto``: bfloat16 where the native kernels are loaded and the CPU has bfloat16 dot products
@@ -195,7 +199,7 @@ def pick_codec_weights(requested: str | None, ext: Any, flags: set[str] | None =
         return torch.float32, "no native kernels"
     if value == "bfloat16":
         return torch.bfloat16, "asked for"
-    if bf16_dot_products(flags):
+    if bf16_dot_products(flags, arch):
         return torch.bfloat16, "the CPU has bfloat16 dot products"
     return torch.float32, "the CPU has no bfloat16 dot products"
 

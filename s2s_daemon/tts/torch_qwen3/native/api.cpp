@@ -7,6 +7,7 @@
 // (any torch version loads it, pip builds it without torch), and one build per architecture. The
 // per-call cost of ctypes is per linear or per decoder position (a whole Stack is one call).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -81,32 +82,16 @@ bool cpu_has(const char* name) {
   return false;
 }
 
-// The paths this build carries, best last. aarch64's hooks: a unit that defines s2s_ops_neon
-// (or _dotprod, _i8mm) is added to setup.py's sources for aarch64 with -DS2S_HAVE_NEON (...), and
-// its table here; until then aarch64 runs the generic path.
-#if defined(__aarch64__) && defined(S2S_HAVE_NEON)
-extern "C" const Ops s2s_ops_neon;
-#endif
-#if defined(__aarch64__) && defined(S2S_HAVE_DOTPROD)
-extern "C" const Ops s2s_ops_dotprod;
-#endif
-#if defined(__aarch64__) && defined(S2S_HAVE_I8MM)
-extern "C" const Ops s2s_ops_i8mm;
-#endif
-
+// The paths this build carries, best last (kernels.h declares their tables).
 const Ops* const kCarried[] = {
     &s2s_ops_generic,
 #if defined(__x86_64__) || defined(_M_X64)
     &s2s_ops_avx2,
     &s2s_ops_avx512,
 #endif
-#if defined(__aarch64__) && defined(S2S_HAVE_NEON)
+#if defined(__aarch64__)
     &s2s_ops_neon,
-#endif
-#if defined(__aarch64__) && defined(S2S_HAVE_DOTPROD)
     &s2s_ops_dotprod,
-#endif
-#if defined(__aarch64__) && defined(S2S_HAVE_I8MM)
     &s2s_ops_i8mm,
 #endif
 };

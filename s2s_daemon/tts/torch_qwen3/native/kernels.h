@@ -4,17 +4,19 @@
 //
 // One library carries every instruction-set path of its architecture and picks one at run time
 // (api.cpp): x86-64 `generic` (portable.cpp, no intrinsics), `avx2` and `avx512` (x86.inc, compiled
-// twice under a target pragma: x86_avx2.cpp, x86_avx512.cpp); aarch64 `generic`, with the hooks of
-// `neon`, `dotprod` and `i8mm` in api.cpp. Nothing in it knows torch: Python hands over pointers
+// twice under a target pragma: x86_avx2.cpp, x86_avx512.cpp); aarch64 `generic`, `neon`, `dotprod`
+// and `i8mm` (arm.inc, compiled three times, each unit with its own -march: arm_neon.cpp,
+// arm_dotprod.cpp, arm_i8mm.cpp; setup.py). Nothing in it knows torch: Python hands over pointers
 // (tensors' data_ptr()) and keeps the tensors alive; outputs are allocated by Python.
 //
-// Everything a path's translation unit defines after its target pragma lives in an anonymous
-// namespace, so that no inline function compiled for AVX2 can stand in, at link time, for the
-// generic path's copy; what this header defines is compiled for the baseline in every unit.
+// No function a path's unit compiles may stand in, at link time, for another unit's copy (an AVX2
+// or SDOT instruction would reach the generic path): everything a path's unit defines lives in an
+// anonymous namespace, and so do this header's inline functions (each unit compiles its own copy,
+// for its own target), which use no C++ library template. The aarch64 units, compiled whole with
+// their -march, export nothing else (scripts/arm64_check.sh checks the objects with nm and objdump).
 
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #ifdef _OPENMP
@@ -100,9 +102,12 @@ enum ScratchSlot {
   kScratchXsum,   // stream: its sums per int4 group
   kScratchRow,    // the portable blocked product: one widened weight row (per thread)
   kScratchStack,  // stack.inc's activations (one buffer, carved up)
+  kScratchPairs,  // the i8mm path's stream: the quantized input rows in pairs (arm.inc)
   kScratchSlots
 };
 void* scratch(int slot, int64_t bytes);
+
+namespace {  // one copy per unit, compiled for its target (above)
 
 // Rows interleaved in row n's pair: 2, or 1 for an odd last row.
 inline int64_t pair_rows(int64_t n, int64_t N) { return (n | 1) < N ? 2 : 1; }
@@ -120,14 +125,15 @@ template <class F>
 inline void parallel_for(int64_t begin, int64_t end, int64_t grain, int threads, const F& f) {
   const int64_t range = end - begin;
   if (range <= 0) return;
-  int64_t team = std::min<int64_t>(std::max(threads, 1), (range + grain - 1) / std::max<int64_t>(grain, 1));
+  const int64_t grains = (range + grain - 1) / (grain > 1 ? grain : 1);
+  const int64_t team = threads < 1 ? 1 : threads < grains ? threads : grains;
 #ifdef _OPENMP
   if (team > 1 && !omp_in_parallel()) {
     const int64_t chunk = (range + team - 1) / team;
 #pragma omp parallel num_threads(static_cast<int>(team))
     {
       const int64_t lo = begin + omp_get_thread_num() * chunk;
-      if (lo < end) f(lo, std::min(end, lo + chunk));
+      if (lo < end) f(lo, lo + chunk < end ? lo + chunk : end);
     }
     return;
   }
@@ -144,7 +150,10 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, floa
     for (int64_t b = 0; b < blocks; ++b) {
       const float* src = x + m * K + b * 32;
       float amax = 0.f;
-      for (int i = 0; i < 32; ++i) amax = std::max(amax, src[i] < 0.f ? -src[i] : src[i]);
+      for (int i = 0; i < 32; ++i) {
+        const float a = src[i] < 0.f ? -src[i] : src[i];
+        amax = a > amax ? a : amax;
+      }
       const float scale = amax / 127.f;
       const float inv = amax > 0.f ? 127.f / amax : 0.f;
       int8_t* dst = xq + m * K + b * 32;
@@ -170,6 +179,7 @@ inline void group_sums(const int8_t* xq, const float* xs, int64_t M, int64_t K, 
     }
 }
 
+}  // namespace
 }  // namespace s2s
 
 extern "C" {
@@ -177,5 +187,10 @@ extern const s2s::Ops s2s_ops_generic;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const s2s::Ops s2s_ops_avx2;
 extern const s2s::Ops s2s_ops_avx512;
+#endif
+#if defined(__aarch64__)
+extern const s2s::Ops s2s_ops_neon;
+extern const s2s::Ops s2s_ops_dotprod;
+extern const s2s::Ops s2s_ops_i8mm;
 #endif
 }
