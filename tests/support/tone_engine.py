@@ -42,7 +42,8 @@ FRAME_SAMPLES = 1920
 """One 12.5 Hz codec frame."""
 HANG_RELEASE = threading.Event()
 """Ends every ``#hang`` (in-process tests set it when they are done)."""
-_STALL = re.compile(r"#stall=([0-9.]+)")
+_STALL = re.compile(r"#stall=([0-9]+(?:\.[0-9]+)?)")
+"""``#stall=2.5`` (the text stage may end the text with a full stop after it: not part of it)."""
 RUNAWAY_FRAMES = 3000
 """Four minutes: a runaway the daemon failed to cut still ends."""
 LOOP_LEVELS = np.array([0.5, 0.3, 0.05, 0.4, 0.1, 0.02, 0.45, 0.2, 0.03, 0.35] * 3, np.float32)
