@@ -202,7 +202,7 @@ async def say_once(config: DaemonConfig, args: argparse.Namespace) -> int:
         )
         parsed = admit(ask, stages.rules, origin="cli", streamed=streamed)
         if streamed and parsed.error is None:
-            feed = TextFeed(stages.rules.max_text_chars, STDIN_IDLE_S)
+            feed = TextFeed(stages.rules.max_text_chars, STDIN_IDLE_S, stage=parsed.stream)
             parsed = replace(parsed, request=replace(parsed.request, feed=feed))
         if parsed.error is not None:
             raise refused(parsed.error.code, parsed.error.message)

@@ -47,6 +47,7 @@ from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.vocabulary import EngineError, EngineInfo, match_voice, normalize_language
 from s2s_daemon.pipeline.voice_policy import VoicePolicy, check_voice, model_voice, no_default_voice
 from s2s_daemon.pipeline.voices import VoiceLibrary, default_voices_dir
+from s2s_daemon.text import TextStage
 from s2s_daemon.tts.engine import (
     CheckpointError,
     ModelUnavailableError,
@@ -174,6 +175,7 @@ def build_rules(
         languages=info.languages,
         default_language=config.tts.language,
         stream_idle_s=config.tts.stream_idle_s,
+        text=TextStage(config.text),
     )
 
 

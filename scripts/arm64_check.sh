@@ -234,8 +234,9 @@ copy_checkout() {
   git -C "$ROOT" ls-files -z -co --exclude-standard | (cd "$ROOT" && tar --null -T - -cf -) | tar -C "$R$SRC" -xf -
 }
 
-build() { # setup.py as pip runs it on an aarch64 machine: its -march per unit comes from setup.py
-  QEMU_CPU=cortex-a72 inside python setup.py -q build_ext --inplace >"$W/build.log" 2>&1 || {
+build() { # setup.py as pip runs it on an aarch64 machine: its -march per unit comes from setup.py;
+  # egg_info writes the package's metadata beside it (the engines are found by their entry points)
+  QEMU_CPU=cortex-a72 inside python setup.py -q egg_info build_ext --inplace >"$W/build.log" 2>&1 || {
     cat "$W/build.log" >&2
     return 1
   }

@@ -381,7 +381,7 @@ async def test_oversized_instruct_and_names_are_refused_at_every_door(tmp_path: 
                 assert "instruct has" in fin[rid]["error"]["message"]
                 assert "the limit is 1000 (tts.max_instruct_chars)" in fin[rid]["error"]["message"]
             assert fin["v"]["error"]["code"] == "bad_payload"
-            assert "voice: String should have at most 200 characters" in fin["v"]["error"]["message"]
+            assert "voice: must have at most 200 characters" in fin["v"]["error"]["message"]
             assert fin["sid"]["error"]["code"] == "bad_payload" and "sessionId" in fin["sid"]["error"]["message"]
             assert "sessionId" not in fin["sid"] or fin["sid"]["sessionId"] is None  # not echoed back
             journal = sum(p.stat().st_size for p in d.journal.parent.glob(d.journal.name + "*"))

@@ -289,7 +289,7 @@ async def test_a_client_that_disconnects_frees_the_engine(tmp_path: Path, mosqui
 @pytest.mark.integration
 async def test_concurrent_requests_share_the_queue_with_mqtt(tmp_path: Path, mosquitto: Mosquitto) -> None:
     fast = {"tts": {"options": {"speed": "8"}}}
-    texts = ["first of two requests", "the second request, a little longer"]
+    texts = ["first of two requests.", "the second request, a little longer."]  # as the text stage speaks them
     async with speech_api(tmp_path, mosquitto, **fast) as api, api.client() as client:
         await api.rec.say(SAY, {"id": "from-mqtt", "text": "spoken in the kitchen meanwhile"})
         raws = await asyncio.gather(
@@ -396,7 +396,7 @@ def rejected(rec: Recorder) -> list[dict[str, Any]]:
 @pytest.mark.integration
 async def test_models_voices_health_and_the_drain(tmp_path: Path, mosquitto: Mosquitto) -> None:
     fast = {"tts": {"options": {"speed": "4"}}}
-    text = "w" * 50  # 2 s of audio, 0.5 s of synthesis
+    text = "w" * 49 + "."  # 2 s of audio, 0.5 s of synthesis (a sentence: the text stage leaves it)
     async with speech_api(tmp_path, mosquitto, api_key=None, **fast) as api, api.client("any") as client:
         models = [m.id async for m in client.models.list()]
         assert models[0] == api.daemon.config.tts.model and {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= set(models)

@@ -19,11 +19,12 @@ from tests.test_http_speech import tone_samples, wait_ready
 pytestmark = pytest.mark.integration
 
 MS_PER_CHAR = 1000.0
-FIRST = "x" * 300
+FIRST = "x" * 299 + "."
 """One sentence of 300 s of audio, 14 MB of PCM: more than the daemon (88 chunks, 1.4 MB) and
 the sockets between (Linux's 4 MB send buffer at most, and the receiver's) hold for a client that
-does not read, so its synthesis cannot end while its client waits. (5.8 MB was not enough.)"""
-SECOND = "y" * 20
+does not read, so its synthesis cannot end while its client waits. (5.8 MB was not enough.) Its
+full stop is its own: the text stage leaves it as it is."""
+SECOND = "y" * 19 + "."
 
 
 @pytest.mark.timeout(120)

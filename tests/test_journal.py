@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import sqlite3
 import time
@@ -45,7 +46,8 @@ class Manual:
 
 
 def request(rid: str, **kw: object) -> SayRequest:
-    return SayRequest(id=rid, text=f"text of {rid}", voice="Ryan", language="english", site_id="kitchen", **kw)  # type: ignore[arg-type]
+    kw.setdefault("text", f"text of {rid}")
+    return SayRequest(id=rid, voice="Ryan", language="english", site_id="kitchen", **kw)  # type: ignore[arg-type]
 
 
 def crash(journal: RequestJournal) -> None:
@@ -88,6 +90,35 @@ def test_what_a_crash_leaves_is_recovered_in_order(tmp_path: Path) -> None:
     assert abs((time.monotonic() - got.open[0].request.received_at) - got.open[0].age_s) < 0.5
     assert [(u.row, u.topic, u.correlation_data) for u in got.unsent] == [(kept, "my/replies", b"\x00\x01")]
     assert got.seen_ids == ["r0"]
+
+
+def test_the_spoken_text_is_journaled_and_a_row_without_it_reads_as_asked(tmp_path: Path) -> None:
+    """A request keeps what was asked (``text``) and what the text stage made of it (``spoken``),
+    so that one resumed after a restart speaks the same; rows written before have no ``spoken``."""
+    path = tmp_path / "journal.sqlite3"
+    journal, manual = journal_at(path)
+    journal.open()
+    journal.admit(request("md", text="**Hi** 👋", spoken="Hi.", text_changed=True), time.time(), lambda: None)
+    journal.admit(request("plain"), time.time(), lambda: None)
+    manual.run()
+    crash(journal)
+    db = sqlite3.connect(path)
+    try:  # the row "plain" as a daemon before the text stage wrote it
+        (old,) = db.execute("SELECT request FROM requests WHERE id = 'plain'").fetchone()
+        row = {k: v for k, v in json.loads(old).items() if k not in ("spoken", "textChanged")}
+        db.execute("UPDATE requests SET request = ? WHERE id = 'plain'", (json.dumps(row),))
+        db.commit()
+    finally:
+        db.close()
+    again, _ = journal_at(path)
+    md, plain = (entry.request for entry in again.open().open)
+    assert (md.text, md.spoken, md.text_changed, md.to_speak) == ("**Hi** 👋", "Hi.", True, "Hi.")
+    assert (plain.text, plain.spoken, plain.text_changed, plain.to_speak) == (
+        "text of plain",
+        None,
+        False,
+        "text of plain",
+    )
 
 
 def test_uncommitted_writes_are_not_recovered_and_callbacks_follow_the_commit(tmp_path: Path) -> None:

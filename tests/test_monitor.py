@@ -157,7 +157,7 @@ async def test_metrics_count_what_the_requests_did(tmp_path: Path, mosquitto: Mo
         http={"enabled": True, "port": api},
         telemetry={"memory_interval_s": 0.2},
     )
-    texts = ["a first request over http", "and a second one"]
+    texts = ["a first request over http.", "and a second one."]  # as the text stage speaks them
     async with recorder(mosquitto.port) as rec, daemon_in_process(config):
         await wait_ready(api)
         before = samples((await scrape(monitor))[1])

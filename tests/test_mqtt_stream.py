@@ -92,7 +92,9 @@ async def test_a_stream_never_closed_ends_after_the_idle_time(tmp_path: Path, mo
         assert fin["quiet"]["status"] == "error"
         assert fin["quiet"]["error"]["code"] == "stream_idle"
         assert "0.6 s" in fin["quiet"]["error"]["message"]
-        assert fin["quiet"]["audioMs"] == pytest.approx(spoken_ms(["我们走吧。", "然后"]), abs=1)
+        assert fin["quiet"]["audioMs"] == pytest.approx(
+            spoken_ms(["我们走吧。", "然后。"]), abs=1
+        )  # the text stage ends what came
         # pieces that come before a piece 0 that never comes: answered once, after the idle time
         await piece(rec, "headless", 3, "lost")
         await piece(rec, "headless", 5, "orphan")
@@ -151,7 +153,9 @@ async def test_bad_pieces_are_answered_with_a_code(tmp_path: Path, mosquitto: Mo
         assert "seq" in fin["noseq"]["error"]["message"]
         assert fin["voice"]["status"] == "rejected" and fin["voice"]["error"]["code"] == "unknown_voice"
         assert fin["open"]["status"] == "error" and fin["open"]["error"]["code"] == "bad_payload"
-        assert fin["open"]["audioMs"] == pytest.approx(spoken_ms(["你好。", "我"]), abs=1)
+        assert fin["open"]["audioMs"] == pytest.approx(
+            spoken_ms(["你好。", "我。"]), abs=1
+        )  # the text stage ends what came
         assert sum(1 for p in fin.values() if p["error"]["code"] == "bad_payload") == 3
 
 
@@ -194,7 +198,9 @@ async def test_a_stream_open_at_shutdown_speaks_what_came(tmp_path: Path, mosqui
             daemon.request_stop()
             fin = await rec.wait_finished(["open"], timeout_s=10)
         assert fin["open"]["status"] == "error" and fin["open"]["error"]["code"] == "shutting_down"
-        assert fin["open"]["audioMs"] == pytest.approx(spoken_ms(["第一句。", "第二"]), abs=1)
+        assert fin["open"]["audioMs"] == pytest.approx(
+            spoken_ms(["第一句。", "第二。"]), abs=1
+        )  # the text stage ends what came
 
 
 @pytest.mark.timeout(60)

@@ -59,6 +59,18 @@ def test_a_growing_text_keeps_its_unfinished_end() -> None:
     assert split_sentences("你好。", 100) == ([], "你好。")  # a closing quote may still come
 
 
+def test_a_text_that_ends_at_a_boundary_ends_its_last_sentence() -> None:
+    """What the text stage gave out ends where a sentence may end: a terminator at its very end is
+    one (still not after an abbreviation or an initial); without ``at_boundary`` it waits."""
+    assert split_sentences("Done.", 300) == ([], "Done.")
+    assert split_sentences("Done.", 300, at_boundary=True) == (["Done."], "")
+    assert split_sentences("One. Two!", 300, at_boundary=True) == (["One.", "Two!"], "")
+    assert split_sentences("你好。今天很好！", 300, at_boundary=True) == (["你好。", "今天很好！"], "")
+    assert split_sentences("I met Dr.", 300, at_boundary=True) == ([], "I met Dr.")
+    assert split_sentences("By J. K.", 300, at_boundary=True) == ([], "By J. K.")
+    assert split_sentences('It said "Go."', 300, at_boundary=True) == (['It said "Go."'], "")
+
+
 def test_pieces_fed_one_by_one_give_the_whole_texts_sentences() -> None:
     text = "Dr. Smith came at 5 p.m. He said: “It is 3.5 km away.” We walked. 我们走了。好！"
     rest, out = "", []

@@ -11,12 +11,14 @@ import pytest
 
 from s2s_daemon.audio.playback import PlaybackStage
 from s2s_daemon.audio.sink import DiscardSink
+from s2s_daemon.config import TextConfig
 from s2s_daemon.pipeline.channel import Channel, Overflow
 from s2s_daemon.pipeline.jobs import Job, Ledger, SpeakerTurn
 from s2s_daemon.pipeline.messages import ErrorCode, SayRequest, Status
 from s2s_daemon.pipeline.queue import RequestQueue
 from s2s_daemon.pipeline.segment import split_sentences
 from s2s_daemon.pipeline.textfeed import FeedEnd, TextFeed
+from s2s_daemon.text import TextStage
 from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
 from s2s_daemon.tts.registry import create_engine
 from s2s_daemon.tts.stage import TtsStage
@@ -38,6 +40,32 @@ async def test_pieces_out_of_order_and_repeated_read_as_the_text() -> None:
     assert feed.end is FeedEnd.CLOSED
     assert await read_all(feed) == ["Hello there.", "How are you today?", "Fine."]
     assert feed.chars == len("".join(pieces))
+
+
+async def test_through_its_text_stage_only_the_sentence_being_written_is_held_back() -> None:
+    """The text stage gives a sentence out once the next one starts (a list item once the next line
+    shows it ended); the feed hands it on at once, not after the stage's next output (what the stage
+    gives out ends where a sentence may: ``at_boundary``)."""
+    feed = TextFeed(1000, 5.0, stage=TextStage(TextConfig()).stream("english"))
+    stopped = asyncio.Event()
+    got: list[tuple[str, int]] = []
+
+    async def reader() -> None:
+        async for sentence in feed.sentences(300, stopped):
+            got.append((sentence, feed.pieces))
+
+    task = asyncio.create_task(reader())
+    pieces = ["Here is **the", " plan** for today. We", " go out.\n\n- First item\n- Sec", "ond item\n\n", "Done"]
+    for seq, piece in enumerate(pieces):
+        feed.add(seq, piece)
+        await asyncio.sleep(0.01)
+    # (sentence, pieces taken when it came): each as soon as the piece that showed its end
+    assert got == [("Here is the plan for today.", 2), ("We go out.", 3), ("First item.", 3), ("Second item.", 4)]
+    feed.add(len(pieces), "", last=True)
+    await asyncio.wait_for(task, 1)
+    assert got[-1] == ("Done.", len(pieces) + 1)
+    assert feed.chars == len("".join(pieces)) and feed.spoken_chars == len("\n".join(s for s, _ in got))
+    assert feed.changed
 
 
 async def test_sentences_come_while_the_text_is_still_written() -> None:

@@ -154,6 +154,7 @@ def test_an_override_with_an_unknown_key_or_a_wrong_type_is_refused() -> None:
 
 def test_changed_says_whether_more_than_white_space_changed() -> None:
     assert not prepare_text("Hello there.\nGeneral Kenobi.", DEFAULT, "en").changed
+    assert not prepare_text("Turn on the kitchen light", DEFAULT, "en").changed  # only its full stop added
     assert prepare_text("Hello **there**.", DEFAULT, "en").changed
 
 

@@ -376,7 +376,8 @@ async def test_status_shows_the_request_in_hand_and_stop_stops_it(tmp_path: Path
             jobs = {j["id"]: j for j in snapshot["jobs"]}
             assert [j["id"] for j in snapshot["jobs"]] == ["long", "next"]
             assert jobs["long"]["origin"] == "mqtt" and jobs["long"]["voice"] == "Vivian"
-            assert jobs["long"]["output"] == "speaker" and jobs["long"]["text"] == "z" * 100
+            # its text as it is spoken (the text stage ended it with a full stop)
+            assert jobs["long"]["output"] == "speaker" and jobs["long"]["text"] == "z" * 100 + "."
             assert jobs["next"]["phase"] == "queued"
             assert snapshot["state"]["currentId"] == "long"
             async with session.post("/api/stop", json={"id": "long"}) as stopped:

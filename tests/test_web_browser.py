@@ -2,7 +2,8 @@
 chromedriver, against the daemon as a subprocess (the torch engine on the tiny Base checkpoint, a
 real mosquitto). The page loads without console errors; the key is asked for; a voice added from an
 uploaded file (and one recorded with the microphone: chromium's fake device) shows in the list and
-in ``/v1/audio/voices``; "try it" plays in the browser as it streams; the live view shows a request
+in ``/v1/audio/voices``; "try it" plays in the browser as it streams and shows the text as the text
+stage speaks it; the live view shows a request
 sent over MQTT; the layout fits a phone. Screenshots of each part go to ``WEB_SCREENSHOTS`` (default:
 a folder of this run, printed at the end); ``WEB_SCREENSHOTS=docs/images`` refreshes the docs' ones.
 
@@ -296,11 +297,16 @@ def test_try_it_plays_in_the_browser_as_it_streams(page: WebDriver, daemon: Daem
     prepare_try(page, daemon, "mp3")
     text = page.find_element(By.ID, "try-text")
     text.clear()
-    text.send_keys("Hello from the browser test.")
+    text.send_keys("Hello from the **browser** test, see [the docs](https://example.org/docs).")
     click(page, "try-speak")
 
     def stat(key: str) -> str:
         return stat_of(page, key)
+
+    # what is spoken, shown under it: the text stage's words (POST /api/text)
+    until(page, lambda: page.find_element(By.ID, "try-spoken").is_displayed())
+    assert text_of(page, "try-spoken-text") == "Hello from the browser test, see the docs."
+    assert text_of(page, "try-spoken-note") == "(prepared by the text stage)"
 
     until(page, lambda: stat("first-audio").endswith(" ms"))  # sound started while it streamed
     buffered = "const a = document.getElementById('player'); return a.buffered.length ? a.buffered.end(0) : 0"

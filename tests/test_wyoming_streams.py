@@ -30,12 +30,13 @@ CHUNK_FRAMES = 3
 """240 ms of audio a chunk: a synthesis that starts when another ends sends its first chunk that
 long after the other's ``audio-stop``, a margin against a busy machine reordering the two."""
 CLIENTS = [
-    ("Ryan", "the kettle in the kitchen is on"),  # 31 characters: 16 frames, 1.28 s
-    ("Vivian", "please dim the lights in the living room a bit"),  # 46: 23 frames, 1.84 s
-    ("Ryan", "remind me to water the tomatoes in the garden when I come home"),  # 62: 31 frames, 2.48 s
+    ("Ryan", "the kettle in the kitchen is on."),  # 32 characters: 16 frames, 1.28 s
+    ("Vivian", "please dim the lights in the living room a bit."),  # 47: 24 frames, 1.92 s
+    ("Ryan", "remind me to water the tomatoes in the garden when I come home."),  # 63: 32 frames, 2.56 s
 ]
-"""Texts of different lengths (no sentence ends: one segment each) and voices, so that audio
-delivered to the wrong client, or two clients' audio mixed, cannot add up to the right bytes."""
+"""Texts of different lengths (one sentence each: one segment) and voices, so that audio
+delivered to the wrong client, or two clients' audio mixed, cannot add up to the right bytes.
+Each is written as the text stage speaks it (its full stop), so the stage leaves it as it is."""
 LINGER_S = 0.3
 """After its ``audio-stop``, how long a client listens for anything more (there must be nothing)."""
 

@@ -168,6 +168,9 @@ class MqttEvents:
             "origin": req.origin,
             "ts": now_ms(),
             "queuedMs": _ms(job.timeline.dequeued, job.timeline.received),
+            # What the text stage made of the text (null for a streamed text, still being written).
+            "spokenChars": req.chars if req.feed is None else None,
+            "textChanged": req.text_changed,
         }
         self._send(self.topics.started, payload)
         self._tell("started", payload)

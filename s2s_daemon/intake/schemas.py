@@ -14,6 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 
 from s2s_daemon.intake.admission import AskRefused, IntakeRules, Parsed, SayAsk, admit, refusal
 from s2s_daemon.pipeline.messages import ErrorCode, ReplyTo, RequestError
+from s2s_daemon.text import TextOverrides
 
 MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 """Larger payloads are refused before decoding."""
@@ -51,6 +52,9 @@ class SayPayload(BaseModel):
     interrupt: StrictBool = False
     ttlMs: StrictInt | None = Field(None, ge=0)
     volume: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    textOptions: TextOverrides | None = None
+    """The text stage's keys for this request (``{"emoji": "name", "codeBlocks": "read"}``); an
+    unknown key or a wrong value is refused ``bad_payload`` naming it."""
 
     def ask(self) -> SayAsk:
         """What it asks, for ``admission.admit``."""
@@ -65,6 +69,7 @@ class SayPayload(BaseModel):
             interrupt=self.interrupt,
             ttl_ms=self.ttlMs,
             volume=self.volume,
+            text_options=self.textOptions,
         )
 
 
@@ -87,7 +92,8 @@ def _peek_fields(data: object) -> tuple[str | None, str | None]:
     return rid_s, sid if isinstance(sid, str) and len(sid) <= MAX_NAME_CHARS else None
 
 
-def _describe(exc: ValidationError) -> str:
+def describe_error(exc: ValidationError) -> str:
+    """A validation error in a person's words, each key at fault named (``textOptions.emoji: ...``)."""
     parts = []
     for err in exc.errors()[:5]:
         key = ".".join(str(p) for p in err["loc"]) or "payload"
@@ -146,7 +152,7 @@ def _read_payload(payload: bytes) -> SayPayload:
     try:
         return SayPayload.model_validate(data)
     except ValidationError as exc:
-        raise AskRefused(ErrorCode.BAD_PAYLOAD, _describe(exc), rid, session) from exc
+        raise AskRefused(ErrorCode.BAD_PAYLOAD, describe_error(exc), rid, session) from exc
 
 
 def parse_say(
@@ -176,7 +182,7 @@ class StreamPayload(SayPayload):
 
     ``{"id": "r1", "seq": 0, "text": "Hel", "voice": "Ryan"}``, ``{"id": "r1", "seq": 1, "text":
     "lo."}``, ..., ``{"id": "r1", "seq": 7, "end": true}``. Piece 0 opens the stream and carries
-    the say fields (voice, language, priority, interrupt, ttlMs, ...); they are ignored on the
+    the say fields (voice, language, priority, interrupt, ttlMs, textOptions, ...); they are ignored on the
     others. ``end`` marks the last piece (its text is optional).
     """
 
@@ -219,7 +225,7 @@ def parse_stream_piece(
     try:
         piece = StreamPayload.model_validate(data)
     except ValidationError as exc:
-        return StreamPiece(rid, None, "", False, RequestError(ErrorCode.BAD_PAYLOAD, _describe(exc)))
+        return StreamPiece(rid, None, "", False, RequestError(ErrorCode.BAD_PAYLOAD, describe_error(exc)))
     if "\x00" in piece.text:
         return StreamPiece(piece.id, piece.seq, "", False, RequestError(ErrorCode.BAD_PAYLOAD, "text contains NUL"))
     opening = None

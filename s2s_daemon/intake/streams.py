@@ -2,7 +2,8 @@
 
 Piece 0 opens the request (one id, one ``tts/started``, one ``tts/finished`` for the whole
 stream) and carries the say fields; it enters the queue like a say, so priority, interrupt,
-ttl and stop apply to it. Later pieces go to its ``TextFeed`` by sequence number, so a QoS 1
+ttl and stop apply to it, and its language and ``textOptions`` choose how its text stage reads
+the pieces. Later pieces go to its ``TextFeed`` by sequence number, so a QoS 1
 redelivery or a piece that overtakes another is harmless. Pieces that come before piece 0 wait
 for it at most ``stream_idle_s``; a stream that never opens is answered ``rejected``. They count
 against ``max_text_chars`` as they come, and at most ``MAX_EARLY_STREAMS`` streams wait so.
@@ -99,6 +100,8 @@ class StreamIntake:
             feed = early.feed
         else:
             feed = TextFeed(self.rules.max_text_chars, self.rules.stream_idle_s, now=piece.received_at)
+        if opening.stream is not None:  # read through its text stage (piece 0 says how: language, textOptions)
+            feed.prepare_with(opening.stream)
         feed.add(0, piece.text, last=piece.last, now=piece.received_at)
         # Latency counts from the first piece that came, whichever it was.
         request = replace(opening.request, feed=feed, received_at=min(feed.first_piece_at, piece.received_at))

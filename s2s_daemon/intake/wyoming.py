@@ -2,7 +2,9 @@
 
 One TCP listener; one ``WyomingConnection`` per client, each with three named tasks:
 
-- ``reader``: events in, validated; a streamed text (``synthesize-chunk``) is cut into sentences;
+- ``reader``: events in, validated; a streamed text (``synthesize-chunk``) goes through its text
+  stage (``text/``, one ``StreamingTextStage`` per stream, so Markdown split across chunks reads as
+  a whole) and what the stage gives out is cut into sentences;
 - ``submitter``: turns each text into a request (``origin="wyoming"``, ``output=CallerStream()``)
   and submits it, at most ``SPEECH_AHEAD`` of this client's at a time, in order;
 - ``writer``: the only one that writes to the socket: replies and audio in order, one
@@ -64,6 +66,7 @@ from s2s_daemon.pipeline.vocabulary import (
     model_name,
     normalize_language,
 )
+from s2s_daemon.text import StreamingTextStage
 
 log = structlog.get_logger(__name__)
 
@@ -164,6 +167,8 @@ class Text:
     """Shared by every sentence of one stream."""
     received_at: float
     """Monotonic seconds when the text was complete."""
+    prepared: bool = False
+    """A sentence of a stream: its text stage's already (not prepared again at admission)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,8 +278,16 @@ class WyomingConnection:
         sends for older servers, and is ignored (as wyoming-piper does)."""
         self._streaming = False
         self._buffer = ""
+        """What the stream's text stage gave out and is not cut into sentences yet."""
+        self._stage: StreamingTextStage | None = None
+        """The stream's text stage (its language's)."""
         self._stream_chars = 0
         """Characters of the stream's chunks so far (at most ``tts.max_text_chars``)."""
+        self._asked: list[str] = []
+        self._spoken: list[str] = []
+        """The stream's text as asked and as its stage gave it out (``text_prepared``)."""
+        self._sentences = 0
+        """Sentences of the stream submitted so far."""
         self._stream_voice: tuple[str | None, str | None] = (None, None)
         self._session = ""
 
@@ -380,7 +393,7 @@ class WyomingConnection:
             if self._streamed:
                 log.debug("wyoming_synthesize_ignored", peer=self.peer, reason="streamed")
                 return
-            text = self._text_field(event).strip()  # as admission.spoken_text reads it
+            text = self._text_field(event).strip()  # as admission.asked_text reads it
             voice, language = self._voice(event.data.get("voice"))
             if len(text) > self.server.rules.max_text_chars:
                 self._reject_now(Text(text, voice, language, uuid.uuid4().hex, now))
@@ -391,7 +404,10 @@ class WyomingConnection:
             self._stream_voice = self._voice(event.data.get("voice"))
             self._streamed = self._streaming = True
             self._buffer = ""
+            rules = self.server.rules
+            self._stage = rules.text.stream(self._stream_voice[1] or rules.default_language)
             self._stream_chars = 0
+            self._asked, self._spoken, self._sentences = [], [], 0
             self._session = uuid.uuid4().hex
         elif SynthesizeChunk.is_type(kind):
             if not self._streaming:
@@ -401,10 +417,7 @@ class WyomingConnection:
             if self._stream_chars > (limit := self.server.rules.max_text_chars):
                 why = f"the streamed text grew past {limit} characters (tts.max_text_chars)"
                 raise Refused(ErrorCode.TEXT_TOO_LONG, why)
-            self._buffer += chunk
-            sentences, self._buffer = split_sentences(self._buffer, self.server.rules.max_text_chars)
-            for sentence in sentences:
-                await self._pending.put(Text(sentence, *self._stream_voice, self._session, now))
+            await self._speak(chunk, now)
         elif SynthesizeStop.is_type(kind):
             if self._streaming:
                 await self._flush(now)
@@ -413,11 +426,36 @@ class WyomingConnection:
         else:
             log.debug("wyoming_event_ignored", peer=self.peer, type=kind)
 
-    async def _flush(self, now: float) -> None:
-        """The stream ended: what is left is the last sentence (or sentences)."""
-        sentences, self._buffer = split_sentences(self._buffer, self.server.rules.max_text_chars, complete=True)
+    async def _speak(self, chunk: str, now: float, *, last: bool = False) -> None:
+        """A chunk of the stream through its text stage (``last``: the stream ended, the stage gives
+        out what it held), and each sentence complete in what it gave out submitted in turn. The
+        stage holds back at most the sentence being written; what it gave out ends where a
+        sentence may end (``at_boundary``), so nothing more waits here."""
+        assert self._stage is not None
+        self._asked.append(chunk)
+        spoken = self._stage.feed(chunk) + (self._stage.close() if last else "")
+        self._spoken.append(spoken)
+        self._buffer += spoken
+        sentences, self._buffer = split_sentences(
+            self._buffer, self.server.rules.max_text_chars, complete=last, at_boundary=True
+        )
         for sentence in sentences:
-            await self._pending.put(Text(sentence, *self._stream_voice, self._session, now))
+            self._sentences += 1
+            await self._pending.put(Text(sentence, *self._stream_voice, self._session, now, prepared=True))
+
+    async def _flush(self, now: float) -> None:
+        """The stream ended: what is left is the last sentence (or sentences). A stream that asked
+        for something and has nothing to speak once prepared (only emoji, markup or code) is
+        refused ``empty_text``, as a ``synthesize`` of it is."""
+        await self._speak("", now, last=True)
+        asked, spoken = "".join(self._asked), "".join(self._spoken)
+        changed = spoken.split() != asked.split()
+        log.debug(
+            "text_prepared", session_id=self._session, asked_chars=len(asked), spoken_chars=len(spoken), changed=changed
+        )
+        if asked.strip() and not self._sentences:
+            why = "the streamed text has nothing to speak once prepared: only emoji, markup or code (docs/text.md)"
+            raise Refused(ErrorCode.EMPTY_TEXT, why)
 
     def _reject_now(self, text: Text) -> None:
         """Reject a text too long to wait in turn (it would be held until then): through the ledger
@@ -486,7 +524,9 @@ class WyomingConnection:
             self._writing.close()
 
     def _parse(self, text: Text) -> Parsed:
-        ask = SayAsk(text.text, voice=text.voice, language=text.language, session_id=text.session_id)
+        ask = SayAsk(
+            text.text, voice=text.voice, language=text.language, session_id=text.session_id, prepared=text.prepared
+        )
         return admit(ask, self.server.rules, origin="wyoming", received_at=text.received_at)
 
     def _submit(self, text: Text) -> Speech:

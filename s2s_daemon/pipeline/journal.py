@@ -173,6 +173,8 @@ def _encode(request: SayRequest) -> str:
             "replyTopic": reply.topic if reply is not None else None,
             "correlation": reply.correlation_data.hex() if reply and reply.correlation_data is not None else None,
             "stream": request.feed is not None,
+            "spoken": request.spoken,
+            "textChanged": request.text_changed,
         },
         separators=(",", ":"),
         ensure_ascii=False,
@@ -200,6 +202,10 @@ def _decode(text: str, received_at: float) -> SayRequest:
         received_at=received_at,
         origin=d["origin"],
         reply_to=reply,
+        # What the text stage made of it when it was admitted (rows written before it have none:
+        # their text is spoken as it is): a resumed request speaks the same.
+        spoken=d.get("spoken"),
+        text_changed=d.get("textChanged", False),
     )
 
 

@@ -67,6 +67,7 @@ class SayRequest:
 
     id: str
     text: str
+    """What was asked (the journal keeps it); what is spoken is ``spoken`` when set."""
     voice: str | None
     """Canonical preset speaker, or None for the engine's default."""
     language: str
@@ -93,12 +94,23 @@ class SayRequest:
     itself. The speaker's requests are synthesized one at a time, a caller's beside them."""
     feed: TextFeed | None = None
     """The text still being written (a streamed say, ``say -``): ``text`` is then empty and the
-    TTS stage reads sentences from the feed as they come."""
+    TTS stage reads sentences from the feed as they come (through its text stage)."""
+    spoken: str | None = None
+    """What the text stage (``text/``) made of ``text``: what the TTS stage speaks; None: ``text``
+    as it is (unchanged, or already the stage's: a sentence of a Wyoming stream)."""
+    text_changed: bool | None = False
+    """The text stage changed more than white space (``tts/started``'s ``textChanged``); None
+    where it is not known for the request alone: a streamed text, a sentence of a Wyoming stream."""
+
+    @property
+    def to_speak(self) -> str:
+        """The whole text the TTS stage speaks (a streamed text's comes through its feed)."""
+        return self.text if self.spoken is None else self.spoken
 
     @property
     def chars(self) -> int:
-        """Characters to speak: the text's, or what a streamed text has brought so far."""
-        return self.feed.chars if self.feed is not None else len(self.text)
+        """Characters to speak: the prepared text's, or what a streamed text has given so far."""
+        return self.feed.spoken_chars if self.feed is not None else len(self.to_speak)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,9 @@ letter or digit joins the next sentence; text longer than ``max_chars`` without 
 at its last space (or clause mark) before the limit.
 
 The end of the text is never a sentence end until the caller says the text is complete: the
-next piece may be ``5 percent`` after ``Done.``, or ``Smith`` after ``Dr.``.
+next piece may be ``5 percent`` after ``Done.``, or ``Smith`` after ``Dr.``; unless the caller says
+the text ends at a boundary (``at_boundary``: the text stage's output, whole pieces that end where
+a sentence may end), where a terminator at the very end is read as one before white space.
 
 A request's first segment starts its first sound, and its prefill grows with its length: with
 ``first``, a long first sentence (over ``FIRST_SENTENCE_CHARS``), or a first sentence still
@@ -51,6 +53,8 @@ _END = re.compile(
     rf"(?:\.{{2,}}|\u2026|[.!?]+){_CLOSING}(?=\s)"  # Latin: a terminator before white space
     rf"|[\u3002\uff01\uff1f]+{_CLOSING}(?=\S)"  # CJK: nothing follows but the next sentence
 )
+_END_AT_BOUNDARY = re.compile(rf"(?:\.{{2,}}|\u2026|[.!?]+){_CLOSING}(?=\s|$)|[\u3002\uff01\uff1f]+{_CLOSING}(?=\S|$)")
+"""``_END``, with the end of a text that ends at a boundary as what follows a terminator."""
 _CLAUSE = re.compile(r"[,;:](?=\s)|[\u3001\uff0c\uff1b\uff1a](?=\S)")
 _WORD_BEFORE = re.compile(r"([\w.\-]+)\.$")
 _MONTHS_DE: tuple[str, ...] = ("januar", "februar", "märz", "april", "mai", "juni", "juli", "august")
@@ -121,15 +125,18 @@ def _spoken_length(text: str) -> int:
     return len(text) + 2 * sum(1 for c in text if c >= "\u3000")
 
 
-def split_sentences(text: str, max_chars: int, *, complete: bool = False, first: bool = False) -> tuple[list[str], str]:
+def split_sentences(
+    text: str, max_chars: int, *, complete: bool = False, first: bool = False, at_boundary: bool = False
+) -> tuple[list[str], str]:
     """The complete sentences at the start of ``text``, and the rest (kept for more text).
 
     With ``complete`` the rest is a sentence too (the stream has ended): nothing is left over.
     With ``first`` (nothing of the request has been spoken yet) a long or unfinished first
-    sentence gives its first clause alone.
+    sentence gives its first clause alone. With ``at_boundary`` the text's end is where a sentence
+    may end (what the text stage gave out): a terminator there ends one, as before white space.
     """
     if first:
-        sentences, rest = split_sentences(text, max_chars, complete=complete)
+        sentences, rest = split_sentences(text, max_chars, complete=complete, at_boundary=at_boundary)
         head = sentences[0] if sentences else rest if not complete else ""
         if (_spoken_length(head) > FIRST_SENTENCE_CHARS or not sentences) and (cut := _first_clause(head)) is not None:
             clause = head[:cut].strip()
@@ -139,7 +146,7 @@ def split_sentences(text: str, max_chars: int, *, complete: bool = False, first:
         return sentences, rest
     sentences = []
     start = 0
-    for match in _END.finditer(text):
+    for match in (_END_AT_BOUNDARY if at_boundary else _END).finditer(text):
         if not _is_end(text, match):
             continue
         piece = text[start : match.end()].strip()

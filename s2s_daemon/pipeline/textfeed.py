@@ -1,9 +1,12 @@
 """The text of a request that is still being written (an LLM's deltas, standard input).
 
 Pieces carry a sequence number from 0: a piece seen before is ignored (a QoS 1 redelivery),
-one that comes early waits for the pieces before it, and the text is read in order as
-sentences (``pipeline/segment.py``), each handed out as soon as it is complete, so the engine
-speaks the first sentence while the writer is still on the second.
+one that comes early waits for the pieces before it, and the text is read in order through its
+text stage (``text/``: a ``StreamingTextStage`` per streamed text, which holds back at most the
+sentence being written) and cut into sentences (``pipeline/segment.py``), each handed out as soon
+as it is complete, so the engine speaks the first sentence while the writer is still on the second.
+What the stage gives out ends where a sentence may end, so the cutting holds nothing more back
+(``at_boundary``).
 
 The feed ends when the piece marked last and every piece before it have arrived (``CLOSED``).
 It also ends early, keeping what came: when no piece came for ``idle_s`` (the writer is gone:
@@ -22,6 +25,7 @@ import time
 from collections.abc import AsyncGenerator
 
 from s2s_daemon.pipeline.segment import split_sentences
+from s2s_daemon.text.stage import StreamingTextStage
 
 MAX_EARLY_PIECES = 1000
 """Pieces held for a gap before them; more means the gap will not be filled (``BAD_PIECE``)."""
@@ -40,14 +44,21 @@ class FeedEnd(enum.StrEnum):
 class TextFeed:
     """Pieces of one request's text in, sentences out. Lives on the event loop."""
 
-    def __init__(self, max_chars: int, idle_s: float, *, now: float | None = None) -> None:
+    def __init__(
+        self, max_chars: int, idle_s: float, *, now: float | None = None, stage: StreamingTextStage | None = None
+    ) -> None:
+        self.stage = stage
+        """The text stage the pieces pass through in order; None: read as written (``prepare_with``
+        gives it one before its first piece is read, when the request is known after its pieces)."""
         self.max_chars = max_chars
         self.idle_s = idle_s
         self.first_piece_at = time.monotonic() if now is None else now
         """When the first piece (in any order) arrived: where the latency of a stream counts from."""
         self.last_piece_at = self.first_piece_at
         self.chars = 0
-        """Characters taken in order so far."""
+        """Characters taken in order so far (as asked)."""
+        self.spoken_chars = 0
+        """Characters the text stage gave out so far (what is spoken)."""
         self.pieces = 0
         """Pieces taken in order so far."""
         self.end: FeedEnd | None = None
@@ -56,7 +67,10 @@ class TextFeed:
         self.waiting = False
         """The reader has spoken all it was given and waits for the writer."""
         self._text = ""
-        """Text taken in order and not handed out yet."""
+        """Text taken in order (and through the stage) and not handed out yet."""
+        self._asked: list[str] = []
+        self._spoken: list[str] = []
+        """The whole text as asked and as spoken (at most ``max_chars`` asked): ``changed``."""
         self._next = 0
         self._early: dict[int, str] = {}
         self._early_chars = 0
@@ -67,6 +81,23 @@ class TextFeed:
     @property
     def complete(self) -> bool:
         return self.end is not None
+
+    @property
+    def asked_text(self) -> bool:
+        """The pieces taken so far hold more than white space."""
+        return any(not piece.isspace() for piece in self._asked if piece)
+
+    @property
+    def changed(self) -> bool:
+        """The text stage changed more than white space in what was taken so far."""
+        return "".join(self._spoken).split() != "".join(self._asked).split()
+
+    def prepare_with(self, stage: StreamingTextStage) -> None:
+        """Read the pieces through ``stage`` (a stream whose pieces came before the one that says
+        how to read them); before any piece is read in order."""
+        if self.pieces:
+            raise RuntimeError("TextFeed.prepare_with() after a piece was read")
+        self.stage = stage
 
     @property
     def received_pieces(self) -> int:
@@ -100,12 +131,14 @@ class TextFeed:
         while self._next in self._early:
             piece = self._early.pop(self._next)
             self._early_chars -= len(piece)
-            self._text += piece
+            self._asked.append(piece)
+            self._say(self.stage.feed(piece) if self.stage is not None else piece)
             self.chars += len(piece)
             self.pieces += 1
             self._next += 1
         if self._last_seq is not None and self._next > self._last_seq:
             self.end = FeedEnd.CLOSED
+            self._close_stage()
         self._changed.set()
         return True
 
@@ -116,7 +149,18 @@ class TextFeed:
             self.end_detail = detail
             self._early.clear()
             self._early_chars = 0
+            self._close_stage()
             self._changed.set()
+
+    def _say(self, text: str) -> None:
+        self._text += text
+        self._spoken.append(text)
+        self.spoken_chars += len(text)
+
+    def _close_stage(self) -> None:
+        """The text is complete: what the stage held back (the sentence being written) comes out."""
+        if self.stage is not None:
+            self._say(self.stage.close())
 
     def pending(self) -> str:
         """The text taken and not read yet (for a request that never reached the engine)."""
@@ -127,7 +171,12 @@ class TextFeed:
         sooner; ends with the feed (or at once when ``stopped`` is set)."""
         first = True
         while not stopped.is_set():
-            done, self._text = split_sentences(self._text, max_chars, complete=self.complete, first=first)
+            # The stage gives out whole pieces (it holds back the sentence being written): a
+            # sentence end at the end of what it gave is one, and does not wait for the next piece.
+            boundary = self.stage is not None
+            done, self._text = split_sentences(
+                self._text, max_chars, complete=self.complete, first=first, at_boundary=boundary
+            )
             if done:
                 for sentence in done:
                     first = False

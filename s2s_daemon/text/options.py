@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, ConfigDict, StrictBool
+from pydantic.alias_generators import to_camel
 
 from s2s_daemon.config import CodeBlocksMode, EmojiMode, NumbersMode, TextConfig
 
@@ -31,10 +32,13 @@ class TextOptions:
 
 
 class TextOverrides(BaseModel):
-    """A request's own choices (an MQTT payload's object of them), each key optional; a key that
-    is not one of the section's, or a value of the wrong type, is refused (``bad_request``)."""
+    """A request's own choices (an MQTT payload's ``textOptions``), each key optional and spelt in
+    camelCase as the payload's other keys (``codeBlocks``; the section's own spelling is read too);
+    a key that is not one of the section's, or a value of the wrong type, is refused (``bad_payload``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, validate_by_name=True, validate_by_alias=True
+    )
 
     markdown: StrictBool | None = None
     emoji: EmojiMode | None = None

@@ -52,7 +52,8 @@ class SpokenText:
 
     text: str
     changed: bool
-    """The stage changed more than white space (the journal keeps what was asked)."""
+    """The stage changed more than white space and the full stop it ends a text with (the journal
+    keeps what was asked)."""
 
 
 class TextStage:
@@ -72,7 +73,12 @@ def prepare_text(text: str, options: TextOptions, language: str | None = None) -
     """``text`` as it is spoken (``language``: a code, a name, ``auto`` or None)."""
     stream = StreamingTextStage(options, language)
     spoken = stream.feed(text) + stream.close()
-    return SpokenText(spoken, changed=spoken.split() != text.split())
+    return SpokenText(spoken, changed=_words(spoken) != _words(text))
+
+
+def _words(text: str) -> list[str]:
+    """The words of ``text``, but a full stop at its end (the stage ends every text with one)."""
+    return text.rstrip().rstrip(".\u3002").split()
 
 
 class StreamingTextStage:

@@ -221,7 +221,7 @@ class TtsStage:
         ledger = self.ledger
         synth = dataclasses.replace(
             self.template,
-            text=request.text,
+            text=request.to_speak,  # what the text stage made of the text asked
             voice=request.voice,
             language=request.language,
             instruct=request.instruct,
@@ -229,7 +229,7 @@ class TtsStage:
             paced=request.output is None and self.paced_speaker,  # others must not make it stutter
         )
         ledger.record(job, SynthesisStarted(time.monotonic()))
-        log.debug("synthesis_started", chars=len(request.text))
+        log.debug("synthesis_started", chars=request.chars)
         named: str | None = None
         try:
             with contextlib.ExitStack() as pins:
@@ -349,6 +349,13 @@ class TtsStage:
     def _feed_ended(self, job: Job, feed: TextFeed, spoken: int) -> None:
         """A streamed text was read to its end: an early end (its writer went quiet, it grew too
         long, a bad piece) is the request's error once what came has played."""
+        log.debug(
+            "text_prepared",
+            request_id=job.request.id,
+            asked_chars=feed.chars,
+            spoken_chars=feed.spoken_chars,
+            changed=feed.changed,
+        )
         why = {
             FeedEnd.IDLE: ErrorCode.STREAM_IDLE,
             FeedEnd.TOO_LONG: ErrorCode.TEXT_TOO_LONG,
@@ -361,6 +368,8 @@ class TtsStage:
             self.ledger.record(job, TextCut(time.monotonic(), why, message))
         elif spoken == 0:
             empty = "the stream closed without text"
+            if feed.asked_text:  # only emoji, markup or code: the text stage left nothing to say
+                empty = "the streamed text has nothing to speak once prepared: only emoji, markup or code"
             self.ledger.record(job, Failed(time.monotonic(), ErrorCode.EMPTY_TEXT, empty))
 
     def _hold_s(self, chars: int) -> float:

@@ -3,7 +3,9 @@
 Never reachable from a shipped config: only processes that call ``register()`` know it.
 Options (``tts.options``): ``speed`` = multiple of real time (0 = as fast as possible),
 ``ms_per_char`` = audio per character, ``load_s`` = simulated load time, ``load_gate`` = a file
-whose existence ends the load (a test holds the daemon in its loading phase as long as it likes).
+whose existence ends the load (a test holds the daemon in its loading phase as long as it likes),
+``record`` = a file to which each text it is asked to synthesize is appended, one JSON line each
+(``recorded(path)`` reads them: what the daemon spoke, after its text stage).
 A text containing ``#fail`` raises inside synthesis (an engine error). Hangs, after the first
 chunk: ``#stall=S`` sleeps S seconds (ignoring ``should_stop`` meanwhile, as a stuck device would),
 then goes on; ``#hang`` blocks until ``HANG_RELEASE`` is set (in a subprocess: never, a wedged
@@ -15,6 +17,7 @@ text's own audio and until stopped (at most ``RUNAWAY_FRAMES``): ``#runaway-loop
 from __future__ import annotations
 
 import functools
+import json
 import re
 import threading
 import time
@@ -39,7 +42,8 @@ FRAME_SAMPLES = 1920
 """One 12.5 Hz codec frame."""
 HANG_RELEASE = threading.Event()
 """Ends every ``#hang`` (in-process tests set it when they are done)."""
-_STALL = re.compile(r"#stall=([0-9.]+)")
+_STALL = re.compile(r"#stall=([0-9]+(?:\.[0-9]+)?)")
+"""``#stall=2.5`` (the text stage may end the text with a full stop after it: not part of it)."""
 RUNAWAY_FRAMES = 3000
 """Four minutes: a runaway the daemon failed to cut still ends."""
 LOOP_LEVELS = np.array([0.5, 0.3, 0.05, 0.4, 0.1, 0.02, 0.45, 0.2, 0.03, 0.35] * 3, np.float32)
@@ -77,6 +81,8 @@ class ToneEngine:
         self.load_s = float(options.extra.get("load_s", "0"))
         gate = options.extra.get("load_gate")
         self.load_gate = Path(gate) if gate else None
+        record = options.extra.get("record")
+        self.record = Path(record) if record else None
 
     def load_blocking(self) -> EngineInfo:
         time.sleep(self.load_s)  # the engine's simulated load time (option load_s)
@@ -96,6 +102,10 @@ class ToneEngine:
         return None
 
     def synthesize_blocking(self, request: SynthesisRequest, should_stop: ShouldStop) -> Iterator[Samples]:
+        if self.record is not None:
+            line = {"text": request.text, "voice": request.voice, "language": request.language}
+            with self.record.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(line, ensure_ascii=False) + "\n")
         if "#fail" in request.text:
             raise EngineError("tone engine asked to fail")
         total_frames = max(1, round(len(request.text) * self.ms_per_char / 80.0))
@@ -135,6 +145,13 @@ class ToneEngine:
 
     def close_blocking(self) -> None:
         return None
+
+
+def recorded(path: Path) -> list[str]:
+    """The texts a tone engine with ``record: <path>`` was asked to synthesize, in order."""
+    if not path.exists():
+        return []
+    return [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
 def register() -> None:

@@ -13,6 +13,8 @@ Its data calls are authenticated like the API:
   ``memory``, ``info``), and ``jobs`` after each change of the requests in hand;
 - ``POST /api/say``: a say request (MQTT's JSON) spoken on the daemon's own speaker; ``POST /api/stop``
   stops as MQTT's ``tts/stop`` does (``{}``: what the speaker speaks, ``{"id": X}``, ``{"all": true}``);
+- ``POST /api/text``: ``{text, language?, textOptions?}`` -> ``{spoken, changed}``, what the text
+  stage makes of a text (``text/``): Try it shows what is spoken;
 - ``/api/voices``: the voice library (``voice_admin``).
 """
 
@@ -33,17 +35,19 @@ from typing import Any, Protocol
 
 import psutil
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 
 from s2s_daemon import __version__
+from s2s_daemon.intake.admission import AskRefused, preview
 from s2s_daemon.intake.http.api import ApiError, unanswered
 from s2s_daemon.intake.http.encoders import FORMATS
 from s2s_daemon.intake.http.guard import json_body
 from s2s_daemon.intake.http.live import LiveEvent, LiveFeed
 from s2s_daemon.intake.http.voice_admin import PipelineSource, VoiceAdmin
-from s2s_daemon.intake.schemas import StopPayload, decode_json_object, parse_say
+from s2s_daemon.intake.schemas import Name, StopPayload, decode_json_object, describe_error, parse_say
 from s2s_daemon.pipeline.jobs import Job, Ledger, Phase
 from s2s_daemon.pipeline.messages import ErrorCode, RequestError, Status
+from s2s_daemon.text import TextOverrides
 
 KEEPALIVE_S = 15.0
 """A comment line on an idle event stream this often keeps proxies from closing it."""
@@ -88,10 +92,20 @@ def machine() -> dict[str, Any]:
     }
 
 
+class TextPayload(BaseModel):
+    """``POST /api/text``: a text, and how a say of it would be read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: StrictStr
+    language: Name | None = None
+    textOptions: TextOverrides | None = None
+
+
 def job_row(job: Job, now: float) -> dict[str, Any]:
-    """One request in hand, for the live view."""
+    """One request in hand, for the live view (its text as it is spoken)."""
     request = job.request
-    text = request.text if request.feed is None else "(streamed text)"
+    text = request.to_speak if request.feed is None else "(streamed text)"
     return {
         "id": request.id,
         "origin": request.origin,
@@ -146,6 +160,7 @@ class WebPage:
         app.router.add_get("/api/events", self._events)
         app.router.add_post("/api/say", self._say)
         app.router.add_post("/api/stop", self._stop)
+        app.router.add_post("/api/text", self._text)
         self.voices.add_routes(app)
         app.on_shutdown.append(self._close_streams)
         return frozenset(public)
@@ -268,6 +283,22 @@ class WebPage:
         if job.status is Status.REJECTED:
             raise unanswered(job.status, job.error, self.ledger.accepting)
         return web.json_response({"id": job.request.id, "status": "queued"}, status=202)
+
+    async def _text(self, request: web.Request) -> web.Response:
+        """What a say of the text would speak: ``{spoken, changed}`` (``spoken`` empty: nothing, a
+        say of it is refused ``empty_text``). The text stage runs in line, as at admission."""
+        data, why = decode_json_object(await json_body(request))
+        if data is None:
+            raise ApiError(400, f"request body: {why}", code="bad_payload")
+        try:
+            asked = TextPayload.model_validate(data)
+        except ValidationError as exc:
+            raise ApiError(400, describe_error(exc), code="bad_payload") from exc
+        try:
+            spoken = preview(asked.text, asked.language, self.server.rules, asked.textOptions)
+        except AskRefused as refused:
+            raise _say_error(RequestError(refused.code, refused.message)) from None
+        return web.json_response({"spoken": spoken.text, "changed": spoken.changed})
 
     async def _stop(self, request: web.Request) -> web.Response:
         data, why = decode_json_object(await json_body(request))

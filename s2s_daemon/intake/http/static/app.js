@@ -682,6 +682,20 @@ function watch(id) {
   if (known?.status) finished({ status: known.status });
 }
 
+/** What the daemon's text stage makes of ``text`` (POST /api/text), shown under Try it. */
+async function showSpoken(text, language) {
+  $("try-spoken").hidden = true;
+  try {
+    const answer = await apiJson("/api/text", { method: "POST", json: { text, language } });
+    $("try-spoken-text").textContent = answer.spoken || "(nothing: a say of it is refused empty_text)";
+    $("try-spoken-note").textContent = answer.changed ? "(prepared by the text stage)" : "(as written)";
+    $("try-spoken").hidden = false;
+  } catch (error) {
+    // The request itself says what is wrong with the text (try-error); nothing to show here.
+    if (error instanceof AuthError) failed(error, $("try-error"));
+  }
+}
+
 async function speak(event) {
   event.preventDefault();
   show($("try-error"), "");
@@ -689,6 +703,7 @@ async function speak(event) {
   const voice = $("try-voice").value || null;
   const language = $("try-language").value || null;
   const instruct = $("try-instruct").value.trim() || null;
+  showSpoken(text, language); // beside the speech, not before it
   setStats([
     ["id", "Request", "…"],
     ["status", "Status", "sent"],
