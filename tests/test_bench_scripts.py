@@ -132,6 +132,7 @@ def test_bench_steady_on_the_tiny_checkpoint_publishes_ms_a_frame_against_real_t
     assert all(r.rstrip(" |").endswith("x") for r in rows)  # the ratio to real time
 
 
+@pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.timeout(240)

@@ -227,6 +227,7 @@ async def stop(d: Doors) -> None:
 # -- the tests ---------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_a_4_mib_wyoming_chunk_is_refused_and_the_daemon_keeps_answering(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:
@@ -272,6 +273,7 @@ async def test_a_4_mib_wyoming_chunk_is_refused_and_the_daemon_keeps_answering(
         await stop(d)
 
 
+@pytest.mark.integration
 async def test_500_idle_connections_per_listener_under_1024_files(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """260 idle Wyoming connections, or 260 HTTP ones with unfinished headers, under a 300-file limit
     made the memory sampler fail with "too many open files", and the daemon exited. Now each
@@ -333,6 +335,7 @@ async def read_to_end(reader: asyncio.StreamReader, timeout_s: float = 20.0) -> 
     return data
 
 
+@pytest.mark.integration
 async def test_running_out_of_files_does_not_end_the_daemon(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """Even past the caps (raised here), at the open-file limit the daemon logs and serves on: the
     memory sampler failed with EMFILE and ended the daemon, after thousands of asyncio's error lines
@@ -363,6 +366,7 @@ async def test_running_out_of_files_does_not_end_the_daemon(tmp_path: Path, mosq
         await stop(d)
 
 
+@pytest.mark.integration
 async def test_oversized_instruct_and_names_are_refused_at_every_door(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """One speech request with 128 KiB of instructions wedged the engine (exit 70); 20 MQTT says with
     3 MiB instructs grew the journal to 63 MB."""
@@ -409,6 +413,7 @@ async def test_oversized_instruct_and_names_are_refused_at_every_door(tmp_path: 
         await stop(d)
 
 
+@pytest.mark.integration
 async def test_oversized_stream_pieces_are_counted_and_few_streams_wait(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """Pieces waiting for piece 0 were not counted: 251 M characters were held for one id against a
     limit of 2,000, and any number of ids could wait."""

@@ -216,6 +216,7 @@ def _loads(library: Path) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_pip_builds_a_wheel_per_architecture_carrying_every_path(tmp_path: Path) -> None:
@@ -234,6 +235,7 @@ def test_pip_builds_a_wheel_per_architecture_carrying_every_path(tmp_path: Path)
     assert _loads(tmp_path / "unpacked" / member) == " ".join(native.carried_paths())
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_an_editable_install_builds_the_library_in_place(tmp_path: Path) -> None:
@@ -249,6 +251,7 @@ def test_an_editable_install_builds_the_library_in_place(tmp_path: Path) -> None
     assert _loads(built) == " ".join(native.carried_paths())
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_an_install_without_a_compiler_still_succeeds_without_the_library(tmp_path: Path) -> None:

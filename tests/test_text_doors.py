@@ -133,6 +133,7 @@ async def wyoming(port: int, *events: Any, streaming: bool = False) -> Answer:
         return await read_answer(client, streaming=streaming, timeout_s=20)
 
 
+@pytest.mark.integration
 async def test_a_markdown_answer_said_over_mqtt_is_spoken_as_its_words(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with doors(tmp_path, mosquitto) as d:
         await d.rec.say(SAY, {"id": "md", "text": ANSWER})
@@ -149,6 +150,7 @@ async def test_a_markdown_answer_said_over_mqtt_is_spoken_as_its_words(tmp_path:
         assert started["spokenChars"] == len("Nothing to change here.") and started["textChanged"] is False
 
 
+@pytest.mark.integration
 async def test_a_markdown_answer_streamed_over_mqtt_is_spoken_as_the_whole(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:
@@ -164,6 +166,7 @@ async def test_a_markdown_answer_streamed_over_mqtt_is_spoken_as_the_whole(
         assert started["spokenChars"] is None and started["textChanged"] is None  # still being written
 
 
+@pytest.mark.integration
 async def test_a_markdown_answer_through_the_speech_api_and_the_web_page(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with doors(tmp_path, mosquitto) as d:
         async with d.client() as client:
@@ -178,6 +181,7 @@ async def test_a_markdown_answer_through_the_speech_api_and_the_web_page(tmp_pat
         assert d.spoken() == SPOKEN
 
 
+@pytest.mark.integration
 async def test_a_markdown_answer_through_wyoming_whole_and_streamed(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with doors(tmp_path, mosquitto) as d:
         answer = await wyoming(d.wyoming_port, Synthesize(text=ANSWER).event())
@@ -191,6 +195,7 @@ async def test_a_markdown_answer_through_wyoming_whole_and_streamed(tmp_path: Pa
         assert len(streamed.groups) == len(SPOKEN)
 
 
+@pytest.mark.integration
 async def test_an_emoji_only_text_is_empty_text_at_every_door(tmp_path: Path, mosquitto: Mosquitto) -> None:
     async with doors(tmp_path, mosquitto) as d:
         await d.rec.say(SAY, {"id": "say", "text": EMOJI_ONLY})
@@ -222,6 +227,7 @@ async def test_an_emoji_only_text_is_empty_text_at_every_door(tmp_path: Path, mo
         assert (await d.rec.wait_finished(["after"]))["after"]["status"] == "completed"
 
 
+@pytest.mark.integration
 async def test_mqtt_text_options_override_the_section_and_a_bad_one_is_refused(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:
@@ -250,6 +256,7 @@ async def test_mqtt_text_options_override_the_section_and_a_bad_one_is_refused(
         assert d.spoken() == []
 
 
+@pytest.mark.integration
 async def test_api_text_shows_what_a_say_would_speak(tmp_path: Path, mosquitto: Mosquitto) -> None:
     """``POST /api/text`` (the page's Try it): JSON only, behind the key and the same-origin rule."""
     async with doors(tmp_path, mosquitto) as d, d.http() as http:
@@ -299,6 +306,7 @@ def say(tmp_path: Path, *args: str, stdin: bytes | None = None) -> tuple[subproc
     return done, recorded(record)
 
 
+@pytest.mark.integration
 def test_say_and_say_dash_speak_a_markdown_answer_as_its_words(tmp_path: Path) -> None:
     done, spoken = say(tmp_path, ANSWER)
     assert done.returncode == 0, done.stderr.decode()
@@ -314,6 +322,7 @@ def test_say_and_say_dash_speak_a_markdown_answer_as_its_words(tmp_path: Path) -
     assert b"s2s-daemon: say: the streamed text has nothing to speak once prepared" in done.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(90)
 async def test_a_request_resumed_from_the_journal_speaks_its_prepared_text(
     tmp_path: Path, mosquitto: Mosquitto
