@@ -18,7 +18,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -49,7 +48,7 @@ def main() -> int:
 
     prepare_openmp()  # the daemon's OpenMP wait, before torch is imported
 
-    from s2s_daemon.bench.torch_cpu import cpu_engine
+    from s2s_daemon.bench.torch_cpu import cpu_engine, timed_utterance
     from s2s_daemon.tts.engine import SynthesisRequest
     from s2s_daemon.tts.torch_qwen3 import native
 
@@ -82,18 +81,10 @@ def main() -> int:
             for path, engine in engines.items():
                 assert engine.info is not None
                 voice = engine.info.voices[0] if engine.info.voices else None
-                started = time.perf_counter()
-                first_at: float | None = None
-                first_samples = samples = 0
-                for piece in engine.synthesize_blocking(replace(request, voice=voice), lambda: False):
-                    samples += len(piece)
-                    if first_at is None:
-                        first_at, first_samples = time.perf_counter(), len(piece)
-                end = time.perf_counter()
-                frames = (samples - first_samples) / 1920
-                if first_at is not None and frames > 0:
-                    steady[path].append((end - first_at) * 1000 / frames)
-                    first[path].append((first_at - started) * 1000)
+                timed = timed_utterance(engine, replace(request, voice=voice))
+                if timed is not None:
+                    first[path].append(timed[0])
+                    steady[path].append(timed[1])
         best = min(statistics.median(v) for v in steady.values())
         for path, engine in engines.items():
             assert engine.info is not None

@@ -16,7 +16,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,7 +38,7 @@ def main() -> int:
 
     from dataclasses import replace
 
-    from s2s_daemon.bench.torch_cpu import cpu_engine
+    from s2s_daemon.bench.torch_cpu import cpu_engine, timed_utterance
     from s2s_daemon.tts.engine import SynthesisRequest
 
     engine = cpu_engine(args.model, args.format, args.threads, max_frames=str(args.frames))
@@ -56,16 +55,9 @@ def main() -> int:
     steady: dict[int, list[float]] = {c: [] for c in chunks}
     for _ in range(args.rounds):
         for chunk in chunks:
-            first_at: float | None = None
-            first_samples = samples = 0
-            for piece in engine.synthesize_blocking(replace(request, chunk_frames=chunk), lambda: False):
-                samples += len(piece)
-                if first_at is None:
-                    first_at, first_samples = time.perf_counter(), len(piece)
-            end = time.perf_counter()
-            frames = (samples - first_samples) / 1920
-            if first_at is not None and frames > 0:
-                steady[chunk].append((end - first_at) * 1000 / frames)
+            timed = timed_utterance(engine, replace(request, chunk_frames=chunk))
+            if timed is not None:
+                steady[chunk].append(timed[1])
     for chunk, values in steady.items():
         print(
             f"chunks of {chunk:>2} frames: {statistics.median(values):6.1f} ms a frame past the first chunk"
