@@ -16,6 +16,7 @@ import pytest
 from tests.support.daemon import REPO
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus package is not installed")
