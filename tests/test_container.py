@@ -151,6 +151,8 @@ def test_the_images_torch_is_the_one_the_project_is_tested_with() -> None:
     assert f"ARG TORCH_VERSION={pinned.group(1)}\n" in containerfile
     build = (ROOT / "homeassistant" / "s2s_daemon" / "build.yaml").read_text(encoding="utf-8")
     assert f"torch=={pinned.group(1)}+cpu" in build
+    scripts = (ROOT / "scripts" / "container_base.sh").read_text(encoding="utf-8")  # the aarch64 check's torch
+    assert f"\nS2S_TORCH_VERSION={pinned.group(1)}\n" in scripts
 
 
 def test_the_container_checks_settings_are_not_configuration_keys() -> None:
@@ -160,3 +162,115 @@ def test_the_container_checks_settings_are_not_configuration_keys() -> None:
         None, {"S2S_CONTAINER_BASE": "docker.io/library/debian:bookworm-slim", "S2S_CONTAINER_KEEP": "1"}
     )
     assert config == load_config(None, {})
+
+
+def _torch_install() -> ModuleType:
+    """container/torch_install.py, the image's torch installer, as a module."""
+    spec = importlib.util.spec_from_file_location("torch_install", CONTAINER / "torch_install.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TORCH_AARCH64_REQUIRES = [  # torch 2.13.0's Requires-Dist in PyPI's aarch64 wheel (a CUDA build)
+    "filelock",
+    "typing-extensions>=4.10.0",
+    "setuptools>=77.0.3",
+    "sympy>=1.13.3",
+    "networkx>=2.5.1",
+    "jinja2",
+    "fsspec>=0.8.5",
+    "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3;"
+    ' platform_system == "Linux"',
+    'cuda-bindings<14,>=13.0.3; platform_system == "Linux" and python_version < "3.15"',
+    'nvidia-cudnn-cu13==9.20.0.48; platform_system == "Linux"',
+    'nvidia-cusparselt-cu13==0.8.1; platform_system == "Linux"',
+    'nvidia-nccl-cu13==2.29.7; platform_system == "Linux"',
+    'nvidia-nvshmem-cu13==3.4.5; platform_system == "Linux"',
+    'triton==3.7.1; platform_system == "Linux" and python_version < "3.15"',
+    'optree>=0.13.0; extra == "optree"',
+    'opt-einsum>=3.3; extra == "opt-einsum"',
+    'pyyaml; extra == "pyyaml"',
+]
+
+
+def test_a_cpu_image_installs_torchs_requirements_but_triton_and_cudas_python_api() -> None:
+    wanted = _torch_install().cpu_requirements(TORCH_AARCH64_REQUIRES)
+    names = [re.split(r"[\[<>=;! ]", line, maxsplit=1)[0] for line in wanted]
+    assert names == [
+        "filelock",
+        "typing-extensions",
+        "setuptools",
+        "sympy",
+        "networkx",
+        "jinja2",
+        "fsspec",
+        "cuda-toolkit",  # the NVIDIA libraries torch is linked against come from these, pruned after
+        "nvidia-cudnn-cu13",
+        "nvidia-cusparselt-cu13",
+        "nvidia-nccl-cu13",
+        "nvidia-nvshmem-cu13",
+    ]
+    assert wanted[7].endswith('; platform_system == "Linux"')  # the markers are left for pip
+    assert _torch_install().requirement_name("Cuda_Bindings.x>=1") == "cuda-bindings-x"
+
+
+def test_ldd_output_gives_the_files_the_loader_maps_and_the_missing(tmp_path: Path) -> None:
+    lib = tmp_path / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcudart.so.13").write_bytes(b"\0")
+    ldd = (
+        f"{tmp_path}/torch/_C.cpython-311-aarch64-linux-gnu.so:\n"
+        "\tlinux-vdso.so.1 (0x0000ffff9b1c4000)\n"
+        f"\tlibcudart.so.13 => {tmp_path}/torch/lib/../../nvidia/cu13/lib/libcudart.so.13 (0x0000ffff8d6a0000)\n"
+        "\tlibcublasLt.so.13 => not found\n"
+        "\tlibc.so.6 => /lib/aarch64-linux-gnu/libc.so.6 (0x0000ffff8d4f0000)\n"
+        "\t/lib/ld-linux-aarch64.so.1 (0x0000ffff9b187000)\n"
+    )
+    found, missing = _torch_install().linked_libraries(ldd)
+    assert (lib / "libcudart.so.13").resolve() in found
+    assert Path("/lib/aarch64-linux-gnu/libc.so.6").resolve() in found
+    assert missing == ["libcublasLt.so.13"]
+
+
+def test_pruning_keeps_the_linked_libraries_and_the_packages_python(tmp_path: Path) -> None:
+    nvidia = tmp_path / "nvidia"
+    files = {
+        "__init__.py": b"",
+        "cu13/__init__.py": b"",
+        "cu13/lib/libcublas.so.13": b"x" * 100,  # linked
+        "cu13/lib/libcusolver.so.12": b"x" * 1000,  # opened only by torch's GPU linear algebra
+        "cu13/include/cublas.h": b"x" * 10,
+        "cudnn/lib/libcudnn.so.9": b"x" * 50,  # linked
+        "cudnn/lib/libcudnn_engines_precompiled.so.9": b"x" * 5000,  # opened by cuDNN on a GPU
+    }
+    for name, data in files.items():
+        (nvidia / name).parent.mkdir(parents=True, exist_ok=True)
+        (nvidia / name).write_bytes(data)
+    keep = {(nvidia / "cu13/lib/libcublas.so.13").resolve(), (nvidia / "cudnn/lib/libcudnn.so.9").resolve()}
+    kept, removed = _torch_install().prune(nvidia, keep)
+    left = sorted(str(p.relative_to(nvidia)) for p in nvidia.rglob("*") if p.is_file())
+    assert left == ["__init__.py", "cu13/__init__.py", "cu13/lib/libcublas.so.13", "cudnn/lib/libcudnn.so.9"]
+    assert (kept, removed) == (150, 6010)
+    assert not (nvidia / "cu13" / "include").exists()  # emptied folders go too
+
+
+def test_the_addon_builds_the_same_torch_installer() -> None:
+    """The add-on's build sees only its own folder: it carries a copy of container/torch_install.py."""
+    addon_copy = ROOT / "homeassistant" / "s2s_daemon" / "torch_install.py"
+    assert addon_copy.read_bytes() == (CONTAINER / "torch_install.py").read_bytes()
+
+
+def test_torchs_metadata_no_longer_requires_what_was_left_out() -> None:
+    """pip resolves an installed torch's requirements again when the daemon is installed after it."""
+    metadata = (
+        "Metadata-Version: 2.4\nName: torch\nVersion: 2.13.0\n"
+        + "".join(f"Requires-Dist: {line}\n" for line in TORCH_AARCH64_REQUIRES)
+        + "\nRequires-Dist: triton, in the description, stays.\n"
+    )
+    kept = _torch_install().drop_requirements(metadata)
+    assert "Requires-Dist: triton==" not in kept and "Requires-Dist: cuda-bindings" not in kept
+    assert kept.partition("\n\n")[0].count("Requires-Dist:") == len(TORCH_AARCH64_REQUIRES) - 2
+    assert kept.startswith("Metadata-Version: 2.4\nName: torch\n")
+    assert kept.endswith("\n\nRequires-Dist: triton, in the description, stays.\n")
