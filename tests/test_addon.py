@@ -320,3 +320,12 @@ def test_the_health_check_asks_the_port_the_daemon_listens_on(
     assert health.wyoming_port() == 10200
     monkeypatch.setenv("S2S_WYOMING__PORT", "10300")
     assert health.wyoming_port() == 10300
+
+
+def test_the_addon_is_built_for_amd64_and_aarch64() -> None:
+    """config.yaml's arch lists what Home Assistant installs it on; build.yaml gives each one its base."""
+    assert manifest()["arch"] == ["amd64", "aarch64"]
+    build = yaml.safe_load((ADDON / "build.yaml").read_text(encoding="utf-8"))
+    assert build["build_from"] == {
+        arch: f"ghcr.io/home-assistant/{arch}-base-debian:bookworm" for arch in manifest()["arch"]
+    }
