@@ -35,6 +35,7 @@ else
   S2S_CONTAINER_BASE=${S2S_CONTAINER_BASE:-localhost/debian:bookworm-$S2S_CONTAINER_ARCH}
 fi
 S2S_ARCH_FLAGS=(--arch "$S2S_CONTAINER_ARCH")
+S2S_TORCH_VERSION=2.13.0  # the release the images install (scripts/test pins it; tests/test_container.py holds them equal)
 S2S_CONTAINER_STATE=${S2S_CONTAINER_STATE:-${XDG_CACHE_HOME:-$HOME/.cache}/s2s-daemon/container}
 
 _s2s_sudo() {
@@ -125,14 +126,13 @@ _s2s_host_pip() {  # one of this machine's pip settings: the environment first, 
 #   find-links that holds torch-$S2S_TORCH_VERSION+cpu) bound in and named in TORCH_PIP_ARGS; without
 #   one, the build's default (the PyTorch CPU index).
 # - arm64: torch and its dependencies for aarch64 from S2S_CONTAINER_TORCH_WHEELS, else from
-#   $S2S_CONTAINER_STATE/wheels-arm64, which this machine's pip fills once from PyPI (2.5 GB:
+#   $S2S_CONTAINER_STATE/wheels-arm64, which this machine's pip fills once from PyPI (2.6 GB:
 #   PyPI's aarch64 torch is the CUDA build; the CPU build is on PyTorch's own index only), and
 #   pip in the build reaches no index for them (--no-index): an emulated pip is slow, and the
 #   folder is kept for the next build. The image's container/torch_install.py keeps of the NVIDIA
 #   libraries only those torch is linked against.
 # - pip's certificate bundle (a TLS-intercepting proxy's CA) bound in with a pip.conf, written into
 #   DIR, that names it.
-S2S_TORCH_VERSION=2.13.0
 s2s_build_inputs() {
   local dir wheels=${S2S_CONTAINER_TORCH_WHEELS:-} cert
   S2S_BUILD_FLAGS=()
@@ -169,7 +169,7 @@ s2s_arm64_wheels() {
   local platforms=() v
   compgen -G "$1/torch-$S2S_TORCH_VERSION-*aarch64.whl" >/dev/null && return 0
   for v in $(seq 17 39); do platforms+=(--platform "manylinux_2_${v}_aarch64"); done
-  echo "container: downloading torch $S2S_TORCH_VERSION for aarch64 into $1 (about 2.5 GB, once)" >&2
+  echo "container: downloading torch $S2S_TORCH_VERSION for aarch64 into $1 (about 2.6 GB, once)" >&2
   mkdir -p "$1"
   python3 -m pip download -q --disable-pip-version-check -d "$1" --only-binary=:all: "${platforms[@]}" \
     --platform manylinux2014_aarch64 --python-version 3.11 --implementation cp --abi cp311 \

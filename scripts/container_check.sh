@@ -109,11 +109,12 @@ fi
 # torch imports (the NVIDIA libraries a CUDA build of torch is linked against are there) and runs
 # on the CPU; what the image left out is not there. The sizes are what docs/operations.md gives.
 if out=$(podman run --rm --network none --entrypoint python "${S2S_EMULATION_FLAGS[@]}" "$IMAGE" -c '
-import importlib.util, pathlib, platform, sys, torch
+import importlib.metadata, pathlib, platform, re, torch
 assert not torch.cuda.is_available()
 assert (torch.ones(2, 3) @ torch.ones(3, 2)).sum().item() == 12.0
-present = [name for name in ("triton", "cuda.bindings") if importlib.util.find_spec(name.split(".")[0])]
-assert not present, f"left-out packages installed: {present}"
+installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower() for d in importlib.metadata.distributions()}
+present = installed & {"triton", "cuda-bindings", "cuda-pathfinder"}
+assert not present, f"left-out packages installed: {sorted(present)}"
 site = pathlib.Path(torch.__file__).parents[1]
 mb = lambda p: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) / 1e6
 torch_mb, nvidia_mb = mb(site / "torch"), mb(site / "nvidia")
