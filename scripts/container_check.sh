@@ -21,7 +21,8 @@
 #                      under qemu-user (scripts/container_base.sh)
 #   S2S_CONTAINER_IMAGE          the image to build and check (default localhost/s2s-daemon:cpu, and
 #                      localhost/s2s-daemon:cpu-arm64 for an emulated arm64)
-#   S2S_CONTAINER_BASE     the base (default localhost/debian:bookworm, made by scripts/container_base.sh;
+#   S2S_CONTAINER_BASE     the base (default localhost/debian:bookworm, or localhost/debian:bookworm-arm64 for
+#                      an emulated arm64, made by scripts/container_base.sh;
 #                      docker.io/library/debian:bookworm-slim where a registry can be reached)
 #   S2S_CONTAINER_BUILD    0: check the image as it is, without building
 #   S2S_CONTAINER_TORCH_WHEELS   a folder holding the torch CPU wheel, bound into the build (default: the one of
