@@ -148,7 +148,7 @@ podman rm -f -t 0 "$NAME" >/dev/null 2>&1 || true
 podman run -d --name "$NAME" --network host -v "$WORK/data:/data" -v "$WORK/share:/share:ro" \
   -e SUPERVISOR_TOKEN="$TOKEN" -e ADDON_SUPERVISOR_URL="http://127.0.0.1:$SUPERVISOR_PORT" \
   -e S2S_WYOMING__PORT="$WYOMING_PORT" -e S2S_TTS__OPTIONS__MAX_FRAMES=24 \
-  "${S2S_EMULATION_FLAGS[@]}" "$IMAGE" >"$WORK/run.log" 2>&1 || { cat "$WORK/run.log"; report run FAIL "podman run"; exit 1; }
+  "${S2S_EMULATION_FLAGS[@]}" "${S2S_EMULATION_ENV[@]}" "$IMAGE" >"$WORK/run.log" 2>&1 || { cat "$WORK/run.log"; report run FAIL "podman run"; exit 1; }
 
 run_started=$SECONDS
 health=

@@ -186,7 +186,11 @@ s2s_arm64_wheels() {
 # from the auxiliary vector the loader shows (LD_SHOW_AUXV), the ids from qemu's MIDR for "max".
 s2s_emulation() {
   S2S_EMULATION_FLAGS=()
+  S2S_EMULATION_ENV=()
   [ "$S2S_CONTAINER_ARCH" != "$S2S_HOST_ARCH" ] || return 0
+  # For podman run, not build: under qemu a tiny checkpoint's first chunk takes longer than the
+  # daemon's default 30 s without audio (tts.stall_timeout_s), which would end the engine.
+  S2S_EMULATION_ENV=(-e S2S_TTS__STALL_TIMEOUT_S=900)
   [ "$S2S_CONTAINER_ARCH" = arm64 ] || { echo "container: no emulated /proc/cpuinfo for $S2S_CONTAINER_ARCH" >&2; return 1; }
   podman run --rm --network none -e LD_SHOW_AUXV=1 "$S2S_CONTAINER_BASE" /bin/true 2>/dev/null \
     | python3 -c '
