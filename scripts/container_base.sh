@@ -54,7 +54,9 @@ s2s_container_tools() {
   fi
   mkdir -p "$S2S_CONTAINER_STATE"
   CONTAINERS_CONF="$S2S_CONTAINER_STATE/containers.conf"
-  printf '[containers]\ndefault_ulimits = []\n\n[engine]\nruntime = "runc"\n' >"$CONTAINERS_CONF"
+  # Written whole and renamed into place: two checks at once (.ci/run) never read it half written.
+  printf '[containers]\ndefault_ulimits = []\n\n[engine]\nruntime = "runc"\n' >"$CONTAINERS_CONF.$$"
+  mv -f "$CONTAINERS_CONF.$$" "$CONTAINERS_CONF"
   export CONTAINERS_CONF
 }
 
