@@ -49,3 +49,17 @@ def test_a_redelivery_is_not_answered_twice_but_a_repeat_is() -> None:
     assert events.finished_ids == ["r1"] and ledger.jobs["r1"].request.id == "r1"  # the original goes on
     intake.handle(message("new", redelivered=True))  # a first delivery may carry DUP too
     assert len(queue) == 2
+
+
+def test_a_retained_stop_stops_nothing() -> None:
+    """A stop kept by the broker comes again at every subscription (every reconnect): it must not cut
+    what is speaking then; a stop sent now does."""
+    events = Events()
+    queue = RequestQueue(8)
+    ledger = Ledger(queue, events, 64)
+    intake = MqttIntake(ledger, RULES, TOPICS, hermes=False)
+    intake.handle(message("r1", redelivered=False))
+    intake.handle(InMessage(TOPICS.stop, b'{"all": true}', None, 0.0, None, retained=True))
+    assert len(queue) == 1 and events.finished_ids == []
+    intake.handle(InMessage(TOPICS.stop, b'{"all": true}', None, 0.0, None))
+    assert events.finished_ids == ["r1"]

@@ -64,10 +64,17 @@ class MqttIntake:
 
     def _route(self, message: InMessage) -> None:
         topic = message.topic
-        if message.retained and topic in (self.topics.say, self.topics.pool_say, self.topics.stream, HERMES_SAY):
+        if message.retained and topic in (
+            self.topics.say,
+            self.topics.pool_say,
+            self.topics.stream,
+            self.topics.stop,
+            HERMES_SAY,
+        ):
             # A request published with retain=true is kept by the broker and sent again at every
-            # subscription: it would be spoken again at every start. A request is spoken once, when
-            # it is sent; the broker's copy is left alone (an empty retained message clears it).
+            # subscription: it would be spoken again at every start, and a kept stop would cut
+            # whatever is speaking at every reconnect. A request acts once, when it is sent; the
+            # broker's copy is left alone (an empty retained message clears it).
             log.warning("retained_request_ignored", topic=topic, hint="publish requests without retain")
             return
         if topic == self.topics.say:
