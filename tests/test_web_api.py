@@ -12,6 +12,7 @@ import fnmatch
 import io
 import json
 import re
+import socket
 import threading
 import tomllib
 from collections.abc import AsyncIterator, Iterator
@@ -401,19 +402,12 @@ async def test_open_event_streams_end_cleanly_when_the_daemon_stops(
         assert "snapshot" not in rest
 
 
-async def test_an_event_published_while_a_page_connects_reaches_it_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The snapshot's history and the events after it do not overlap: an event the daemon published
-    while the stream was being opened is in one or the other, not both (a point twice on the plots)."""
-    from aiohttp.test_utils import TestClient, TestServer
-
+def _page_server(tmp_path: Path, feed: Any, config: Any = None) -> Any:
+    """The speech API's server (the tone engine's info, no daemon around it) attached to ``feed``."""
     from s2s_daemon.config import HttpConfig
     from s2s_daemon.events.metrics import DaemonMetrics
     from s2s_daemon.events.readiness import Readiness
     from s2s_daemon.intake.admission import IntakeRules
-    from s2s_daemon.intake.http import web as web_module
-    from s2s_daemon.intake.http.live import LiveFeed
     from s2s_daemon.intake.http.monitor import MonitorRoutes
     from s2s_daemon.intake.http.server import HttpSpeechServer
     from s2s_daemon.pipeline.jobs import Job, Ledger
@@ -426,6 +420,25 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
         def started(self, job: Job) -> None: ...
         def finished(self, job: Job) -> None: ...
         def state_changed(self) -> None: ...
+
+    info = EngineInfo("tone", "m", "cpu", 24000, voices=("Ryan",))
+    rules = IntakeRules(
+        "kitchen", 100, VoicePolicy(info.voices, None, VoiceLibrary(tmp_path, info.mode)), info.languages, "auto"
+    )
+    server = HttpSpeechServer(config or HttpConfig(), MonitorRoutes(Readiness(), DaemonMetrics()))
+    server.attach(Ledger(RequestQueue(4), NoEvents(), 16), rules, info, feed)
+    return server
+
+
+async def test_an_event_published_while_a_page_connects_reaches_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot's history and the events after it do not overlap: an event the daemon published
+    while the stream was being opened is in one or the other, not both (a point twice on the plots)."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from s2s_daemon.intake.http import web as web_module
+    from s2s_daemon.intake.http.live import LiveFeed
 
     feed = LiveFeed()
     loop = asyncio.get_running_loop()
@@ -442,13 +455,7 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
         return {"cpu": "test"}
 
     monkeypatch.setattr(web_module, "machine", machine_while_an_event_comes)
-    info = EngineInfo("tone", "m", "cpu", 24000, voices=("Ryan",))
-    rules = IntakeRules(
-        "kitchen", 100, VoicePolicy(info.voices, None, VoiceLibrary(tmp_path, info.mode)), info.languages, "auto"
-    )
-    server = HttpSpeechServer(HttpConfig(), MonitorRoutes(Readiness(), DaemonMetrics()))
-    server.attach(Ledger(RequestQueue(4), NoEvents(), 16), rules, info, feed)
-    async with TestClient(TestServer(server.app())) as client:
+    async with TestClient(TestServer(_page_server(tmp_path, feed).app())) as client:
         response = await client.get("/api/events")
         reader = aiter(events(response))
         kind, snapshot = await anext(reader)
@@ -460,3 +467,43 @@ async def test_an_event_published_while_a_page_connects_reaches_it_once(
     as_events = [p["id"] for k, p in after if k == "latency"]
     assert in_history + as_events == ["meanwhile"], (in_history, as_events)
     assert [k for k, _ in after] == ["state", "jobs"]
+
+
+@pytest.mark.slow
+async def test_a_page_that_reads_nothing_is_cut_from_the_event_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event stream whose client took nothing for http.write_timeout_s is closed: it held its
+    connection (one of http.max_connections) for as long as the client stayed connected."""
+    from aiohttp.test_utils import TestServer
+
+    from s2s_daemon.config import HttpConfig
+    from s2s_daemon.intake.http import web as web_module
+    from s2s_daemon.intake.http.live import LiveFeed
+
+    monkeypatch.setattr(web_module, "machine", lambda: {"cpu": "test"})  # no lscpu: no process here
+    feed = LiveFeed()
+    server = _page_server(tmp_path, feed, HttpConfig(write_timeout_s=0.5))
+    async with TestServer(server.app()) as http:
+        loop = asyncio.get_running_loop()
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.setblocking(False)
+        try:
+            await loop.sock_connect(client, ("127.0.0.1", http.port))
+            await loop.sock_sendall(client, b"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            pad = "x" * 65536
+            for i in range(150):  # 10 MB offered while the client reads nothing: more than the buffers hold
+                feed.add("latency", {"id": str(i), "pad": pad})
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(1.0)  # past write_timeout_s with the writer stuck
+            try:
+                async with asyncio.timeout(10):  # what was buffered, then the end (no keepalive comes in 10 s)
+                    while await loop.sock_recv(client, 1 << 16):
+                        pass
+            except ConnectionResetError:
+                pass  # cut with a reset: the kernel drops what was buffered
+            except TimeoutError:
+                pytest.fail("the event stream stayed open for a client that read nothing")
+        finally:
+            client.close()

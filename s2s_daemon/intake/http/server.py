@@ -374,7 +374,7 @@ class HttpSpeechServer:
                 event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
                 data = b"data: " + json.dumps(event).encode() + b"\n\n"
             assert response is not None
-            await self._write(request, response, data)
+            await self.write_or_cut(request, response, data)
 
         try:
             async for chunk in stream.chunks(job.done):
@@ -404,8 +404,8 @@ class HttpSpeechServer:
                     return response
             await send(await encoder.finish())
             if sse:
-                await self._write(request, response, self._final_event(job))
-            await self._write(request, response, None)
+                await self.write_or_cut(request, response, self._final_event(job))
+            await self.write_or_cut(request, response, None)
         except ConnectionResetError:
             pass  # a write found the client gone, or not reading: its request is stopped below
         finally:
@@ -463,16 +463,17 @@ class HttpSpeechServer:
         response.content_length = len(body)
         await response.prepare(request)
         try:
-            await self._write(request, response, body)
-            await self._write(request, response, None)
+            await self.write_or_cut(request, response, body)
+            await self.write_or_cut(request, response, None)
         except ConnectionResetError:
             pass  # the request is answered; only the connection is gone
         return response
 
-    async def _write(self, request: web.Request, response: web.StreamResponse, data: bytes | None) -> None:
+    async def write_or_cut(self, request: web.Request, response: web.StreamResponse, data: bytes | None) -> None:
         """Write ``data`` (None: the body's end); a client that takes none of it for
         ``http.write_timeout_s`` is cut (``ConnectionResetError``), so that a caller that never reads
-        cannot hold a synthesis slot, and the requests behind it, for as long as it stays connected."""
+        cannot hold a synthesis slot, and the requests behind it, for as long as it stays connected
+        (nor a connection, for a page's event stream)."""
         try:
             async with asyncio.timeout(self.config.write_timeout_s):
                 if data is None:

@@ -134,6 +134,10 @@ class PageSource(PipelineSource, Protocol):
 
     def require_attached(self) -> None: ...
 
+    async def write_or_cut(self, request: web.Request, response: web.StreamResponse, data: bytes | None) -> None:
+        """Write ``data`` (None: the end), cutting a client that takes none of it in time
+        (``ConnectionResetError``)."""
+
 
 class WebPage:
     """The page's routes on the speech API's app. The constructor does no I/O."""
@@ -239,31 +243,36 @@ class WebPage:
         await response.prepare(request)
         machine_info = await self._machine_for(request)
         try:
+            # Every write through write_or_cut: a page that reads nothing for http.write_timeout_s
+            # (a stopped tab, a client that never reads) is cut instead of holding its connection.
+            write = functools.partial(self.server.write_or_cut, request, response)
             if feed is None:  # no live events (a server built without the feed): the snapshot only
-                await _send(response, "snapshot", self.snapshot(machine_info))
-                await response.write_eof()
+                await write(_event("snapshot", self.snapshot(machine_info)))
+                await write(None)
                 return response
             with feed.subscribe() as subscription:
-                await _send(response, "snapshot", self.snapshot(machine_info))
+                await write(_event("snapshot", self.snapshot(machine_info)))
                 while True:
                     try:
                         async with asyncio.timeout(KEEPALIVE_S):
                             event = await subscription.get()
                     except TimeoutError:
-                        await response.write(b": keepalive\n\n")
+                        await write(b": keepalive\n\n")
                         continue
                     if event is None:  # the server is closing
                         break
-                    await self._relay(response, event)
-            await response.write_eof()
+                    await write(self._relayed(event))
+            await write(None)
         except ConnectionResetError:
-            pass  # the page went away
+            pass  # the page went away, or was cut
         return response
 
-    async def _relay(self, response: web.StreamResponse, event: LiveEvent) -> None:
-        await _send(response, event.kind, event.payload)
+    def _relayed(self, event: LiveEvent) -> bytes:
+        """The stream's bytes for ``event``: itself, and after a job's event the jobs' list."""
+        data = _event(event.kind, event.payload)
         if event.kind in JOB_EVENTS:
-            await _send(response, "jobs", {"jobs": self.jobs()})
+            data += _event("jobs", {"jobs": self.jobs()})
+        return data
 
     async def _close_streams(self, app: web.Application) -> None:
         """The server is closing: end the event streams now instead of after the close timeout."""
@@ -344,6 +353,6 @@ def _say_error(error: RequestError) -> ApiError:
     return ApiError(400, error.message, code=error.code.value, param=param)
 
 
-async def _send(response: web.StreamResponse, kind: str, payload: dict[str, Any]) -> None:
+def _event(kind: str, payload: dict[str, Any]) -> bytes:
     data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    await response.write(f"event: {kind}\ndata: {data}\n\n".encode())
+    return f"event: {kind}\ndata: {data}\n\n".encode()
