@@ -51,11 +51,25 @@ SRC=/opt/s2s-src    # inside the userland: the checkout's copy
 TORCH_VERSION=${S2S_ARM64_TORCH:-2.13.0}
 CPUS=${S2S_ARM64_CPUS:-cortex-a72 neoverse-n1 max,sve=off}
 SAY_CPU=${S2S_ARM64_SAY_CPU:-neoverse-n1}
-# The project's runtime dependencies the tests and `say` import (pyproject.toml's, and the torch
-# extra's but transformers and huggingface_hub: the tiny checkpoint reads tokenizer.json alone),
-# and the test plugins pyproject.toml's pytest settings name.
-DEP_PKGS=("pydantic>=2.7,<3" "pyyaml>=6" "structlog>=24.1" "paho-mqtt>=2.1,<3" "prometheus-client>=0.20"
-  "psutil>=5.9" "safetensors>=0.4" "tokenizers>=0.20" "pytest-timeout>=2.3" "pytest-asyncio>=0.24")
+# The project's runtime dependencies the tests and `say` import, read from pyproject.toml (its
+# dependencies, and the torch extra's but transformers and huggingface_hub: the tiny checkpoint
+# reads tokenizer.json alone; torch and numpy go into the venv below), and the test plugins
+# pyproject.toml's pytest settings name (the dev extra's pytest-*).
+mapfile -t DEP_PKGS < <(python3 - "$ROOT/pyproject.toml" <<'PY'
+import re, sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+extras = project["optional-dependencies"]
+wanted = project["dependencies"] + extras["torch"] + [r for r in extras["dev"] if r.startswith("pytest-")]
+for requirement in wanted:
+    name = re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower()
+    if name not in {"torch", "numpy", "transformers", "huggingface_hub", "huggingface-hub"}:
+        print(requirement)
+PY
+)
+((${#DEP_PKGS[@]})) || { echo "arm64_check: no dependencies read from pyproject.toml" >&2; exit 1; }
+# Pure-Python packages PyPI has as source only (num2words' docopt): a wheel built here, once, serves
+# aarch64 as well (found by the platform download through --find-links).
+SOURCE_ONLY=(docopt)
 started_s=$SECONDS
 failed=0
 
@@ -192,7 +206,7 @@ platform_pip() { # platform_pip download|install ARGS...
   local plat=(--python-version 3.11 --implementation cp --abi cp311 --only-binary=:all:) v
   for v in $(seq 17 36); do plat+=(--platform "manylinux_2_${v}_aarch64"); done
   plat+=(--platform manylinux2014_aarch64 --platform linux_aarch64)
-  host_pip "$1" -q --disable-pip-version-check "${plat[@]}" "${@:2}"
+  host_pip "$1" -q --disable-pip-version-check "${plat[@]}" --find-links "$W/wheels" "${@:2}"
 }
 fetch_and_unpack() { # fetch_and_unpack TARGET REQUIREMENTS...
   platform_pip download -d "$W/wheels" "${@:2}"
@@ -204,8 +218,12 @@ wheels() {
     [ -x "$R/opt/venv/bin/python" ] || chroot "$R" /usr/bin/python3 -m venv --without-pip /opt/venv
     fetch_and_unpack "$SP" "torch==$TORCH_VERSION" numpy pytest setuptools
   fi
-  local stamp="$R$DEPS/.requirements"
+  local stamp="$R$DEPS/.requirements" pkg
   if [ "$(cat "$stamp" 2>/dev/null)" != "${DEP_PKGS[*]}" ]; then
+    for pkg in "${SOURCE_ONLY[@]}"; do
+      compgen -G "$W/wheels/$pkg-*-none-any.whl" >/dev/null ||
+        host_pip wheel -q --disable-pip-version-check --no-deps -w "$W/wheels" "$pkg"
+    done
     rm -rf "${R:?}$DEPS"
     fetch_and_unpack "$R$DEPS" "${DEP_PKGS[@]}"
     printf '%s' "${DEP_PKGS[*]}" >"$stamp"
