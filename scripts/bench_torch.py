@@ -66,6 +66,16 @@ realtimetts-qwen-native-cpu 0.4.2, interleaved with our engine at 1eeef62. Its G
 qwentts.cpp's converter, which no registry carries, so it is quoted here, not run."""
 
 
+def quoted_peer_ms(model: str, fmt: str) -> float | None:
+    """``QWENTTS_CPP_MS`` for ``fmt`` where ``model`` is a 0.6B (``tts_model_size`` of its
+    config.json): the quotes are of the 0.6B, and beside a 1.7B they would compare two models."""
+    try:
+        size = json.loads((Path(model) / "config.json").read_text(encoding="utf-8")).get("tts_model_size")
+    except (OSError, ValueError):
+        return None
+    return QWENTTS_CPP_MS.get(fmt) if size == "0b6" else None
+
+
 def read_bandwidth_gbs(threads: int) -> float:
     """Best of five full reads of a 256 MiB float32 tensor (sum), GB/s."""
     import torch
@@ -250,7 +260,7 @@ def main() -> int:
         row["floor_ms"] = round(row["weight_mib_per_frame"] * 2**20 / (bandwidth * 1e9) * 1000, 1)
         row["ms_per_frame"] = round(1000 / row["talker_fps"], 1) if row["talker_fps"] else None
         row["audio_ms_per_frame"] = round(1000 / row["audio_fps"], 1) if row["audio_fps"] else None
-        row["qwentts_cpp_ms"] = QWENTTS_CPP_MS.get(fmt)
+        row["qwentts_cpp_ms"] = quoted_peer_ms(args.model, fmt)
         rows.append(row)
         print(json.dumps(row))
     print()
@@ -272,10 +282,10 @@ def main() -> int:
             " first chunk of 4 frames; ttfa1: of one frame (cold, after another sentence in the same voice,"
             " the same sentence again, the text streamed); audio_fps: codec frames a second with audio decoding"
             " (real time is 12.5); ms_per_frame: talker and code predictor alone; floor_ms: the weights a frame"
-            " reads over the read bandwidth. qwentts_cpp_ms: qwentts.cpp (GGML) quoted from the project's peers"
-            " notes (2026-12-01, a 2-core AMD EPYC with AVX2), not run here (scripts/bench_peers.py runs it"
-            " beside ours). Each child under the daemon's OpenMP wait and its other defaults (codec_dtype,"
-            " codec_overlap).",
+            " reads over the read bandwidth. qwentts_cpp_ms: qwentts.cpp (GGML) on the 0.6B quoted from the"
+            " project's peers notes (2026-12-01, a 2-core AMD EPYC with AVX2), not run here, and left empty for"
+            " another model size (scripts/bench_peers.py runs it beside ours). Each child under the daemon's"
+            " OpenMP wait and its other defaults (codec_dtype, codec_overlap).",
         )
     return 0
 
