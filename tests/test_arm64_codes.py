@@ -6,7 +6,7 @@ the widest path the CPU runs:
 
 - float32 weights: the official goldens' codes (made on x86-64, ``test_torch_parity.py``), exactly,
   spoken by a whole ``s2s-daemon say`` (a subprocess) whose WAV is the goldens' audio within the
-  float32 codec decoder's 1e-4 and the WAV's 16-bit rounding (measured 5e-5 on x86-64); one other
+  float32 codec decoder's 1e-4 and the WAV's 16-bit rounding; one other
   code would put whole frames tenths apart;
 - int8 and int4 weights: the codes the portable path gives on x86-64 (``QUANTIZED_CODES``, written by
   ``python -m tests.test_arm64_codes``; the avx2 and avx512 paths give the same), at

@@ -151,7 +151,7 @@ def prepare(request: SayRequest, rules: IntakeRules, options: TextOverrides | No
     """``request`` with its text made into what is spoken (``rules.text``: the text stage, in its
     language, with the request's ``options``); ``AskRefused`` (``empty_text``) when nothing is left
     to say. In line on the event loop: the text is at most ``tts.max_text_chars`` (checked before)
-    and the stage is linear in its length, well under 1 ms a sentence (``scripts/bench_text.py``)."""
+    and the stage is linear in its length (its cost a sentence: ``scripts/bench_text.py``)."""
     prepared = rules.text.prepare(request.text, request.language, options)
     log.debug(
         "text_prepared",
