@@ -29,7 +29,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# free_ports N: N distinct free loopback ports, held open together while chosen (one at a time, two
+# calls could be given the same port: the daemon then refused its configuration).
+free_ports() {
+  "$PY" -c 'import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))' "$1"
+}
 fail() {
   echo "FAIL: $*"
   for log in "$work"/*.log; do [ -f "$log" ] && { echo "--- $log (last lines)"; tail -n 20 "$log"; }; done
@@ -46,7 +54,7 @@ wait_for() {
 
 target=${PROM_CHECK_TARGET:-}
 if [ -z "$target" ]; then
-  monitor=$(free_port); api=$(free_port); broker=$(free_port)
+  read -r monitor api broker < <(free_ports 3)
   cat >"$work/daemon.yaml" <<EOF
 site_id: promcheck
 mqtt: {broker: embedded, port: $broker}
@@ -83,7 +91,7 @@ if command -v "$PROMTOOL" >/dev/null; then
   fi
 fi
 
-prom=$(free_port)
+prom=$(free_ports 1)  # the daemon's listeners are bound by now: bind(0) cannot give one of theirs
 cat >"$work/prometheus.yml" <<EOF
 global: {scrape_interval: 1s, evaluation_interval: 1s}
 scrape_configs:
