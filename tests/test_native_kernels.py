@@ -181,6 +181,15 @@ def test_int4_group_sizes(path: Any) -> None:
     for group in (32, 64, 128, 256):
         packed = native.PackedLinear(layer, "int4", path, group=group)
         torch.testing.assert_close(packed(x), F.linear(_q8_blocks(x), packed.dequantized()), rtol=1e-4, atol=1e-4)
+    # An odd count of blocks (the x86 pair kernel's last block alone) and a group that is neither
+    # 32 nor a multiple of 64 (the x86 paths' other kernel), one to four input rows.
+    layer = _linear(40, 96, bias=True)
+    for group in (32, 96):
+        packed = native.PackedLinear(layer, "int4", path, group=group)
+        for rows in (1, 2, 3, 4):
+            x = torch.randn(rows, 96)
+            want = F.linear(_q8_blocks(x), packed.dequantized(), packed.bias)
+            torch.testing.assert_close(packed(x), want, rtol=1e-4, atol=1e-4)
 
 
 def test_bad_weights_are_refused(ext: Any) -> None:
@@ -306,7 +315,8 @@ def test_every_paths_stack_computes_what_the_generic_one_does(fmt: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-@pytest.mark.parametrize("shape", [(96, 256), (33, 128), (2, 64)])  # odd rows: the lone last row stays AVX2
+@pytest.mark.parametrize("shape", [(96, 256), (33, 128), (2, 64), (6, 96)])  # odd rows: the lone last row stays
+# AVX2; 96 inputs: an odd count of blocks
 def test_avx512_integer_kernels_equal_the_avx2_ones_bit_for_bit(fmt: str, shape: tuple[int, int]) -> None:
     """The AVX-512 VNNI kernels compute exactly what the AVX2 ones do, for 1-4 input rows
     (decoding, a batch's step, a prompt's block), with and without a bias."""

@@ -103,6 +103,7 @@ enum ScratchSlot {
   kScratchRow,    // the portable blocked product: one widened weight row (per thread)
   kScratchStack,  // stack.inc's activations (one buffer, carved up)
   kScratchPairs,  // the i8mm path's stream: the quantized input rows in pairs (arm.inc)
+  kScratchI4,     // the x86 stream: the quantized input as the 4-bit pair kernels read it
   kScratchSlots
 };
 void* scratch(int slot, int64_t bytes);

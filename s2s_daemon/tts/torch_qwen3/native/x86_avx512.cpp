@@ -18,6 +18,7 @@
 #define S2S_VNNI 1
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own AVX-512 headers (_mm512_undefined_*)
+#pragma GCC diagnostic ignored "-Wuninitialized"       // the same headers, through _mm512_castps512_ps256
 #endif
 
 namespace {
