@@ -47,6 +47,32 @@ def test_causal_conv_gemm_path_equals_the_convolution(
     torch.testing.assert_close(streamed, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("onednn", [False, True], ids=["stacked-taps", "onednn-conv"])
+@pytest.mark.parametrize(("kernel", "dilation", "columns"), [(7, 1, 200), (7, 9, 90), (3, 1, 70), (1, 1, 80)])
+@torch.inference_mode()
+def test_bfloat16_conv_of_many_columns_either_way(
+    kernel: int, dilation: int, columns: int, onednn: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bfloat16-weight conv with float32 activations (the bfloat16 codec decoder) past the few-row
+    kernels: as products of stacked taps or as oneDNN's bfloat16 convolution (``LOW_CONV_ONEDNN``,
+    x86-64), what the float32 convolution gives on the input and weights rounded to bfloat16, within
+    the rounding of the sums to bfloat16; streamed in two pieces, the same."""
+    monkeypatch.setattr(codec_mod, "LOW_CONV_ONEDNN", onednn)
+    torch.manual_seed(2)
+    layer = CausalConv1d(48, 40, kernel, dilation=dilation)
+    layer.conv.weight.data = layer.conv.weight.data.bfloat16().float()
+    x = torch.randn(2, 48, columns).bfloat16().float()
+    expected = layer.conv(torch.nn.functional.pad(x, (layer.context, 0)))
+    layer.conv.weight.data = layer.conv.weight.data.bfloat16()
+    layer.relayout()
+    assert layer.weight_taps is not None and layer.weight_taps.dtype == torch.bfloat16
+    torch.testing.assert_close(layer(x), expected, rtol=1e-2, atol=1e-2)
+    state: dict[int, torch.Tensor] = {}
+    split = columns // 2
+    streamed = torch.cat([layer(x[..., :split], state), layer(x[..., split:], state)], dim=-1)
+    torch.testing.assert_close(streamed, expected, rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize(
     ("cin", "cout", "kernel", "stride"), [(64, 32, 4, 2), (48, 24, 6, 3), (32, 16, 16, 8), (40, 40, 2, 2)]
 )

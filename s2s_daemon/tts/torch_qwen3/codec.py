@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +125,13 @@ LOW_COLUMNS_BYTES = 1 << 20
 A streamed push's last stages would stack up to 10 MiB of taps at once, and glibc keeps such freed
 blocks in the heap: smaller blocks lower the peak RSS and cost the products a little speed, which
 the codec's own thread (``codec_overlap``) mostly hides; the memory was chosen."""
+
+
+LOW_CONV_ONEDNN = platform.machine().lower() in ("x86_64", "amd64")
+"""Whether a bfloat16-weight conv of many columns runs as oneDNN's bfloat16 convolution (x86-64)
+rather than as products of stacked taps. With its AVX512-BF16 kernels it decoded a streamed push
+of 16 frames 30% faster (``scripts/bench_codec.py``, an AMD EPYC), the stacked taps' copies being a
+quarter of the time; on aarch64 it was not measured, and the stacked taps stay."""
 
 
 def _takes_native_gemm(weight: Tensor, bias: Tensor | None) -> bool:
@@ -319,6 +327,11 @@ class CausalConv1d(nn.Module):
             rows = torch.cat([padded[0, :, j * d : j * d + t].t() for j in range(kernel)], dim=1)
             return _few_row_gemm(self.ext, rows, flat, bias).t().unsqueeze(0)
         low = padded.to(taps.dtype)
+        if kernel > 1 and LOW_CONV_ONEDNN:
+            # oneDNN's bfloat16 convolution reads the input in place (no stacked taps to write) and
+            # lays the weight out itself; the view costs it one copy of the weight per call.
+            out = F.conv1d(low, taps.permute(0, 2, 1), None, dilation=d).float()
+            return out if bias is None else out.add_(bias[None, :, None])
         out = padded.new_empty(batch, cout, t)
         block = max(GEMM_MAX_COLUMNS, LOW_COLUMNS_BYTES // (kernel * cin * low.element_size()))
         for start in range(0, t, block):
