@@ -48,7 +48,7 @@ def test_causal_conv_gemm_path_equals_the_convolution(
 
 
 @pytest.mark.parametrize("onednn", [False, True], ids=["stacked-taps", "onednn-conv"])
-@pytest.mark.parametrize(("kernel", "dilation", "columns"), [(7, 1, 200), (7, 9, 90), (3, 1, 70), (1, 1, 80)])
+@pytest.mark.parametrize(("kernel", "dilation", "columns"), [(7, 1, 200), (7, 9, 90), (3, 1, 70), (1, 1, 80), (7, 3, 12)])
 @torch.inference_mode()
 def test_bfloat16_conv_of_many_columns_either_way(
     kernel: int, dilation: int, columns: int, onednn: bool, monkeypatch: pytest.MonkeyPatch
@@ -59,18 +59,30 @@ def test_bfloat16_conv_of_many_columns_either_way(
     the rounding of the sums to bfloat16; streamed in two pieces, the same."""
     monkeypatch.setattr(codec_mod, "LOW_CONV_ONEDNN", onednn)
     torch.manual_seed(2)
-    layer = CausalConv1d(48, 40, kernel, dilation=dilation)
+    layer = CausalConv1d(64, 40, kernel, dilation=dilation)
     layer.conv.weight.data = layer.conv.weight.data.bfloat16().float()
-    x = torch.randn(2, 48, columns).bfloat16().float()
+    x = torch.randn(2, 64, columns).bfloat16().float()
     expected = layer.conv(torch.nn.functional.pad(x, (layer.context, 0)))
-    layer.conv.weight.data = layer.conv.weight.data.bfloat16()
+    layer.conv.weight.data = layer.conv.weight.data.bfloat16()  # 64 inputs: a width the kernels take
     layer.relayout()
-    assert layer.weight_taps is not None and layer.weight_taps.dtype == torch.bfloat16
+    kept = layer.weight_low if onednn else layer.weight_taps
+    assert kept is not None and kept.dtype == torch.bfloat16
+    assert (layer.weight_taps is None) == onednn
     torch.testing.assert_close(layer(x), expected, rtol=1e-2, atol=1e-2)
     state: dict[int, torch.Tensor] = {}
     split = columns // 2
     streamed = torch.cat([layer(x[..., :split], state), layer(x[..., split:], state)], dim=-1)
     torch.testing.assert_close(streamed, expected, rtol=1e-2, atol=1e-2)
+    # A few columns on the native kernels (float32 rows, bfloat16 weights), in either weight layout.
+    from s2s_daemon.tts.torch_qwen3 import native
+
+    ext = native.load()
+    if ext is None or kernel == 1:
+        return
+    layer.ext, layer.native_rows = ext, 4
+    state = {}
+    pieces = [layer(x[:1, :, i : i + 3], state) for i in range(0, 12, 3)]
+    torch.testing.assert_close(torch.cat(pieces, dim=-1), expected[:1, :, :12], rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize(

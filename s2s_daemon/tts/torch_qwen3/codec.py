@@ -128,10 +128,10 @@ the codec's own thread (``codec_overlap``) mostly hides; the memory was chosen."
 
 
 LOW_CONV_ONEDNN = platform.machine().lower() in ("x86_64", "amd64")
-"""Whether a bfloat16-weight conv of many columns runs as oneDNN's bfloat16 convolution (x86-64)
-rather than as products of stacked taps. With its AVX512-BF16 kernels it decoded a streamed push
-of 16 frames 30% faster (``scripts/bench_codec.py``, an AMD EPYC), the stacked taps' copies being a
-quarter of the time; on aarch64 it was not measured, and the stacked taps stay."""
+"""Whether a bfloat16-weight conv keeps its weight in the conv's layout and runs its many-column
+pushes as oneDNN's bfloat16 convolution (x86-64: ``CausalConv1d._onednn_low_conv``) rather than
+as products of stacked taps (``_low_conv``), whose copies were a quarter of the bfloat16 decoder's
+time. On aarch64 it was not measured, and the stacked taps stay. ``scripts/bench_codec.py``."""
 
 
 def _takes_native_gemm(weight: Tensor, bias: Tensor | None) -> bool:
@@ -257,14 +257,22 @@ class CausalConv1d(nn.Module):
         weight fit for them; else None."""
         self.native_rows = 0
         """Output columns up to which ``ext`` runs the GEMM (``CodecDecoder.use_native``)."""
+        self.weight_low: Tensor | None = None
+        """A bfloat16 weight kept in the conv's own layout ``[out, in, kernel]`` (``relayout`` where
+        ``LOW_CONV_ONEDNN``) for ``_onednn_low_conv``; ``weight_taps`` is then None."""
 
     def relayout(self) -> None:
-        """Store the weight tap-major (``weight_taps``) for the GEMM paths; call after loading, on the
-        CPU. Grouped (depthwise) convs keep the convolution."""
+        """Store the weight tap-major (``weight_taps``) for the GEMM paths, or a bfloat16 weight as it
+        is for oneDNN's bfloat16 convolution (``weight_low``, ``LOW_CONV_ONEDNN``); call after
+        loading, on the CPU. Grouped (depthwise) convs keep the convolution."""
         conv = self.conv
         if conv.groups != 1:
             return
         w = conv.weight.detach()
+        if w.dtype == torch.bfloat16 and LOW_CONV_ONEDNN:
+            self.weight_low = w.contiguous()
+            conv.weight = nn.Parameter(self.weight_low, requires_grad=False)
+            return
         taps = w.permute(0, 2, 1).contiguous()
         conv.weight = nn.Parameter(taps.permute(0, 2, 1), requires_grad=False)
         self.weight_taps = taps
@@ -282,6 +290,8 @@ class CausalConv1d(nn.Module):
         taps = self.weight_taps
         if padded.shape[-1] == self.context:  # no new columns (the convolution refuses them)
             return padded.new_zeros(padded.shape[0], conv.out_channels, 0)
+        if self.weight_low is not None and padded.dtype == torch.float32:
+            return self._onednn_low_conv(padded, self.weight_low)
         if taps is not None and taps.dtype == torch.bfloat16 and padded.dtype == torch.float32:
             return self._low_conv(padded, taps)
         if taps is None or taps.dtype != padded.dtype or taps.device != padded.device:
@@ -312,6 +322,22 @@ class CausalConv1d(nn.Module):
                 o.addmm_(taps[:, j], x[:, j * d : j * d + t])
         return out
 
+    def _onednn_low_conv(self, padded: Tensor, weight: Tensor) -> Tensor:
+        """``_low_conv`` for a weight in the conv's layout (``weight_low``): up to ``native_rows``
+        output columns through the native kernels (rows stacked in the weight's order, input channel
+        by tap), more through oneDNN's bfloat16 convolution, which reads the input in place (no
+        stacked taps to write) on AVX512-BF16 or AMX dot products and sums in float32."""
+        cout, cin, kernel = weight.shape
+        d = self.conv.dilation[0]
+        t = padded.shape[-1] - self.context
+        bias = self.conv.bias
+        if self.ext is not None and padded.shape[0] == 1 and t <= self.native_rows:
+            taps = torch.stack([padded[0, :, j * d : j * d + t] for j in range(kernel)], dim=2)  # [in, t, kernel]
+            rows = taps.transpose(0, 1).reshape(t, cin * kernel)
+            return _few_row_gemm(self.ext, rows, weight.view(cout, cin * kernel), bias).t().unsqueeze(0)
+        out = F.conv1d(padded.to(weight.dtype), weight, None, dilation=d).float()
+        return out if bias is None else out.add_(bias[None, :, None])
+
     def _low_conv(self, padded: Tensor, taps: Tensor) -> Tensor:
         """``_conv`` with bfloat16 weights and float32 activations (``CodecDecoder`` loaded with
         ``weights=torch.bfloat16``): up to ``native_rows`` output columns through the native kernels
@@ -327,11 +353,6 @@ class CausalConv1d(nn.Module):
             rows = torch.cat([padded[0, :, j * d : j * d + t].t() for j in range(kernel)], dim=1)
             return _few_row_gemm(self.ext, rows, flat, bias).t().unsqueeze(0)
         low = padded.to(taps.dtype)
-        if kernel > 1 and LOW_CONV_ONEDNN:
-            # oneDNN's bfloat16 convolution reads the input in place (no stacked taps to write) and
-            # lays the weight out itself; the view costs it one copy of the weight per call.
-            out = F.conv1d(low, taps.permute(0, 2, 1), None, dilation=d).float()
-            return out if bias is None else out.add_(bias[None, :, None])
         out = padded.new_empty(batch, cout, t)
         block = max(GEMM_MAX_COLUMNS, LOW_COLUMNS_BYTES // (kernel * cin * low.element_size()))
         for start in range(0, t, block):
@@ -856,11 +877,15 @@ class CodecDecoder(nn.Module):
             elif isinstance(module, PackedLinear) and module.fmt == "float32":
                 module.max_rows = min(module.max_rows, rows or int(ext.MAX_BLOCKED_ROWS))
             if isinstance(module, CausalConv1d):
-                taps = module.weight_taps
+                taps, low = module.weight_taps, module.weight_low
                 if (
                     taps is not None
                     and taps.shape[1] > 1
                     and _takes_native_gemm(taps.view(taps.shape[0], -1), module.conv.bias)
+                ) or (
+                    low is not None
+                    and low.shape[2] > 1
+                    and _takes_native_gemm(low.view(low.shape[0], -1), module.conv.bias)
                 ):
                     module.ext = ext
                     count += 1
