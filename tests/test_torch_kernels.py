@@ -48,7 +48,9 @@ def test_causal_conv_gemm_path_equals_the_convolution(
 
 
 @pytest.mark.parametrize("onednn", [False, True], ids=["stacked-taps", "onednn-conv"])
-@pytest.mark.parametrize(("kernel", "dilation", "columns"), [(7, 1, 200), (7, 9, 90), (3, 1, 70), (1, 1, 80), (7, 3, 12)])
+@pytest.mark.parametrize(
+    ("kernel", "dilation", "columns"), [(7, 1, 200), (7, 9, 90), (3, 1, 70), (1, 1, 80), (7, 3, 12)]
+)
 @torch.inference_mode()
 def test_bfloat16_conv_of_many_columns_either_way(
     kernel: int, dilation: int, columns: int, onednn: bool, monkeypatch: pytest.MonkeyPatch
