@@ -136,6 +136,27 @@ def test_bench_steady_on_the_tiny_checkpoint_publishes_ms_a_frame_against_real_t
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_bench_quant_agreement_on_the_tiny_checkpoint_publishes_each_format_against_float32(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from s2s_daemon.tts.torch_qwen3 import native
+
+    if native.why_not_here() is not None:
+        pytest.skip(f"native kernels cannot run here: {native.why_not_here()}")
+    page = scratch_page(tmp_path)
+    done = run_script("bench_quant_agreement.py", str(TINY), "--frames", "6", "--threads", "1", page=page)
+    assert done.returncode == 0, done.stderr[-2000:]
+    section = section_of(page, "quant-agreement")
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| int")]
+    assert [r[0].strip() for r in rows] == ["int8", "int4"]
+    for row in rows:
+        assert 0.9 < float(row[1]) <= 1.0  # the prompt's logits correlate (a wrong layout gives ~0)
+        assert row[5].strip() == row[6].strip() == "6"  # the budget's frames, both sides
+
+
+@pytest.mark.integration
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_bench_isa_on_the_tiny_checkpoint_publishes_each_path_beside_the_fastest(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from s2s_daemon.tts.torch_qwen3 import native

@@ -22,6 +22,7 @@ the CPU at every stage, so a failure says where the two implementations part:
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,10 @@ from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions, DecodeProbe  # noq
 
 pytestmark = pytest.mark.torch
 
-FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tiny"
+FIXTURES = Path(os.environ.get("S2S_PARITY_FIXTURES") or Path(__file__).parent / "fixtures" / "qwen3_tiny")
+"""The checkpoints (``custom_voice/``, ``voice_design/``, ``base/``) and their goldens (``golden/``).
+``S2S_PARITY_FIXTURES`` points the module at others made by hand: a full-size random checkpoint and
+the official package's goldens for it (scripts/golden/README.md, "A full-size checkpoint")."""
 GOLDEN = FIXTURES / "golden"
 LOGIT_ATOL = 1e-5
 EMBED_ATOL = 1e-5
