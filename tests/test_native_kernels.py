@@ -192,6 +192,24 @@ def test_int4_group_sizes(path: Any) -> None:
             torch.testing.assert_close(packed(x), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("k", [2048, 6144])  # the 1.7B talker's width and its MLP's down projection
+def test_integer_products_at_the_talkers_widths(path: Any, fmt: str, k: int) -> None:
+    """The integer kernels at the 1.7B talker's input widths (the tests above stop at 512), one to
+    four input rows (a frame, a prompt's rows four at a time): the kernels' scratch, their block
+    pairs and their group sums over many blocks against the float product of what they quantize."""
+    layer = _linear(70, k, bias=False, seed=k)
+    packed = native.PackedLinear(layer, fmt, path, group=64)
+    for rows in (1, 2, 3, 4):
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+        want = F.linear(_q8_blocks(x), packed.dequantized())
+        got = packed(x)
+        # float32 sums of thousands of products in another order: within 1e-5 of the output's
+        # largest value (they come within 1e-6; a wrong block, scale or group sum is off by >1e-2).
+        scale = float(want.abs().max())
+        assert float((got - want).abs().max()) <= 1e-5 * scale, (fmt, k, rows)
+
+
 def test_bad_weights_are_refused(ext: Any) -> None:
     """Checked before the library reads anything: it reads as much memory as the shape promises."""
     with pytest.raises(ValueError, match="multiple of 32"):
