@@ -50,8 +50,13 @@ from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, mar
 
 FRAME_SAMPLES = 1920
 """Samples of one 80 ms codec frame at 24 kHz."""
-TALKER = "qwen-talker-0.6b-customvoice"
 CODEC = "qwen-tokenizer-12hz"
+
+
+def talker(model: Path) -> str:
+    """The talker GGUF's name for this checkpoint's size, as scripts/peers_prep.sh names it."""
+    size = json.loads((model / "config.json").read_text()).get("tts_model_size", "0b6")
+    return f"qwen-talker-{'1.7b' if size == '1b7' else '0.6b'}-customvoice"
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +175,7 @@ def command(side: Side, args: argparse.Namespace, frames: int) -> list[str]:
     child = [str(args.scratch / "venv" / "bin" / "python"), str(REPO / "scripts" / "peers_child.py")]
     if side.runtime == "ggml":
         models = args.scratch / "models"
-        return [*child, "ggml", "--talker", str(models / f"{TALKER}-{side.fmt}.gguf"), "--codec",
+        return [*child, "ggml", "--talker", str(models / f"{talker(args.model)}-{side.fmt}.gguf"), "--codec",
                 str(models / f"{CODEC}-{side.fmt}.gguf"), *common]  # fmt: skip
     return [*child, "vox", "--tmod", str(args.scratch / "vox" / "model.tmod"), *common]
 
@@ -201,7 +206,7 @@ def inputs(args: argparse.Namespace, sides: Sequence[Side]) -> list[Path]:
     paths = [args.model / "model.safetensors", args.model / "speech_tokenizer" / "model.safetensors"]
     for side in sides:
         if side.runtime == "ggml":
-            paths += [args.scratch / "models" / f"{m}-{side.fmt}.gguf" for m in (TALKER, CODEC)]
+            paths += [args.scratch / "models" / f"{m}-{side.fmt}.gguf" for m in (talker(args.model), CODEC)]
         elif side.runtime == "vox":
             paths.append(args.scratch / "vox" / "model.tmod")
     return paths
@@ -211,8 +216,8 @@ def missing(args: argparse.Namespace) -> list[str]:
     """What the prep should have made and did not."""
     wanted = [args.scratch / "venv" / "bin" / "python", args.scratch / "vox" / "model.tmod", args.model / "config.json"]
     for side in SIDES:
-        if side.runtime == "ggml":
-            wanted += [args.scratch / "models" / f"{m}-{side.fmt}.gguf" for m in (TALKER, CODEC)]
+        if side.runtime == "ggml" and (args.model / "config.json").exists():  # its size names the talker
+            wanted += [args.scratch / "models" / f"{m}-{side.fmt}.gguf" for m in (talker(args.model), CODEC)]
     return [str(p) for p in wanted if not p.exists()]
 
 
@@ -314,9 +319,10 @@ def main() -> int:
     complete = len(chosen) == len(SIDES) and all(len(results.get(s.name, [])) == args.rounds for s in SIDES)
     if doc is not None and complete:
         rounds = f"{args.rounds} round{'s' if args.rounds != 1 else ''}"
+        size = "1.7B" if "1.7b" in talker(args.model) else "0.6B"
         notes = (
             "One fresh process per run, interleaved (ours int8, GGML Q8_0, ours int4, GGML Q4_K_M, vox-tts q8),"
-            f" {rounds}, medians; {args.threads} threads each, the same random 0.6B CustomVoice checkpoint, text,"
+            f" {rounds}, medians; {args.threads} threads each, the same random {size} CustomVoice checkpoint, text,"
             f" speaker and seed. Steady: (T(3N/4) - T(N/4)) / frames between of an N = {args.frames}-frame stream"
             " call (real time is 0.080 s a frame); first chunk: the second stream call, one frame where the runtime"
             " lets us choose (GGML streams in cpu_stream_frames 2); peak RSS: ru_maxrss. GGML:"

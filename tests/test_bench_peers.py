@@ -4,6 +4,7 @@ runs are benchmarks, ``scripts/peers_prep.sh`` installs them outside the project
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,11 @@ def test_an_unprepared_scratch_folder_says_which_script_prepares_it(tmp_path: Pa
     assert done.returncode == 2, done.stderr
     assert "scripts/peers_prep.sh" in done.stderr and "model.tmod" in done.stderr
     assert not (tmp_path / "page.md").exists()
+
+
+def test_the_talker_file_follows_the_checkpoints_size(tmp_path: Path) -> None:
+    """The GGUF talker is the one scripts/peers_prep.sh converted from this checkpoint: its config's
+    ``tts_model_size`` (1b7 or 0b6) names it."""
+    for size, name in (("1b7", "qwen-talker-1.7b-customvoice"), ("0b6", "qwen-talker-0.6b-customvoice")):
+        (tmp_path / "config.json").write_text(json.dumps({"tts_model_size": size}))
+        assert bench_peers.talker(tmp_path) == name
