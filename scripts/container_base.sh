@@ -191,8 +191,10 @@ s2s_emulation() {
   S2S_EMULATION_ENV=()
   [ "$S2S_CONTAINER_ARCH" != "$S2S_HOST_ARCH" ] || return 0
   # For podman run, not build: under qemu a tiny checkpoint's first chunk takes longer than the
-  # daemon's default 30 s without audio (tts.stall_timeout_s), which would end the engine.
-  S2S_EMULATION_ENV=(-e S2S_TTS__STALL_TIMEOUT_S=900)
+  # daemon's default 30 s without audio (tts.stall_timeout_s), which would end the engine, and a
+  # whole say can take longer than the default 300 s of one request (tts.max_utterance_s: the
+  # image's say failed so on a cold run beside the add-on's, both emulated on 2 cores).
+  S2S_EMULATION_ENV=(-e S2S_TTS__STALL_TIMEOUT_S=900 -e S2S_TTS__MAX_UTTERANCE_S=1800)
   [ "$S2S_CONTAINER_ARCH" = arm64 ] || { echo "container: no emulated /proc/cpuinfo for $S2S_CONTAINER_ARCH" >&2; return 1; }
   podman run --rm --network none -e LD_SHOW_AUXV=1 "$S2S_CONTAINER_BASE" /bin/true 2>/dev/null \
     | python3 -c '
