@@ -48,7 +48,7 @@ def main() -> int:
 
     prepare_openmp()  # the daemon's OpenMP wait, before torch is imported
 
-    from s2s_daemon.bench.torch_cpu import cpu_engine, timed_utterance
+    from s2s_daemon.bench.torch_cpu import SENTENCE, cpu_engine, timed_utterance
     from s2s_daemon.tts.engine import SynthesisRequest
     from s2s_daemon.tts.torch_qwen3 import native
 
@@ -65,7 +65,7 @@ def main() -> int:
         )
     )
     request = SynthesisRequest(
-        text="The quick brown fox jumps over the lazy dog near the river bank today.",
+        text=SENTENCE,
         voice=None,
         language="english",
         greedy=True,

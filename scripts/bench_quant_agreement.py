@@ -40,8 +40,7 @@ def main() -> int:
 
     import torch
 
-    from s2s_daemon.bench.torch_cpu import cpu_engine
-    from s2s_daemon.tts.engine import SynthesisRequest
+    from s2s_daemon.bench.torch_cpu import cpu_engine, sentence_request
     from s2s_daemon.tts.torch_qwen3.native import PackedLinear
     from s2s_daemon.tts.torch_qwen3.runtime import DecodeProbe
 
@@ -73,13 +72,7 @@ def main() -> int:
         try:
             assert engine.info is not None and engine.runtime is not None
             weights = first_layer(engine.runtime)
-            voice = engine.info.voices[0] if engine.info.voices else None
-            request = SynthesisRequest(
-                text="The quick brown fox jumps over the lazy dog near the river bank today.",
-                voice=voice,
-                language="english",
-                greedy=True,
-            )
+            request = sentence_request(engine)
             probe = FirstLogits()
             engine.runtime.probe = probe
             codes = engine.codes_blocking(request, max_frames=args.frames)

@@ -38,18 +38,11 @@ def main() -> int:
 
     from dataclasses import replace
 
-    from s2s_daemon.bench.torch_cpu import cpu_engine, timed_utterance
-    from s2s_daemon.tts.engine import SynthesisRequest
+    from s2s_daemon.bench.torch_cpu import cpu_engine, sentence_request, timed_utterance
 
     engine = cpu_engine(args.model, args.format, args.threads, max_frames=str(args.frames))
     assert engine.info is not None
-    voice = engine.info.voices[0] if engine.info.voices else None
-    request = SynthesisRequest(
-        text="The quick brown fox jumps over the lazy dog near the river bank today.",
-        voice=voice,
-        language="english",
-        greedy=True,
-    )
+    request = sentence_request(engine)
     chunks = [int(c) for c in args.chunks.split(",")]
     print(machine_line(f"{args.threads} threads", f"{args.format}", f"{args.frames} frames", f"{args.rounds} rounds"))
     steady: dict[int, list[float]] = {c: [] for c in chunks}

@@ -12,6 +12,16 @@ from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
 SAMPLES_PER_FRAME = 1920
 """24 kHz samples in one 80 ms codec frame."""
 
+SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank today."
+"""The ten-word sentence the benchmark scripts speak."""
+
+
+def sentence_request(engine: TorchQwen3Engine) -> SynthesisRequest:
+    """``SENTENCE`` in English, greedy, in ``engine``'s first voice (none where it has none)."""
+    info = engine.info
+    voice = info.voices[0] if info is not None and info.voices else None
+    return SynthesisRequest(text=SENTENCE, voice=voice, language="english", greedy=True)
+
 
 def cpu_engine(model: str, quantization: str, threads: int, isa: str = "auto", **extra: str) -> TorchQwen3Engine:
     """``model`` in float32 activations with ``quantization`` (``none``, ``int8``, ``int4``) weights,
