@@ -305,9 +305,7 @@ class CausalConv1d(nn.Module):
         if kernel > 1 and t <= GEMM_MAX_COLUMNS:
             # Rows [t, kernel * cin] (index j * cin + c, as the taps'), one per output column.
             if self.ext is not None and batch == 1 and t <= self.native_rows:
-                rows = torch.cat([padded[0, :, j * d : j * d + t].t() for j in range(kernel)], dim=1)
-                out_rows = _few_row_gemm(self.ext, rows, taps.view(cout, kernel * cin), bias)
-                return out_rows.t().unsqueeze(0)
+                return self._native_columns(padded, t)
             columns = torch.cat([padded[..., j * d : j * d + t] for j in range(kernel)], dim=1)
             out = torch.matmul(taps.view(cout, kernel * cin), columns)
             return out if bias is None else out + bias[None, :, None]
@@ -327,16 +325,37 @@ class CausalConv1d(nn.Module):
         output columns through the native kernels (rows stacked in the weight's order, input channel
         by tap), more through oneDNN's bfloat16 convolution, which reads the input in place (no
         stacked taps to write) on AVX512-BF16 or AMX dot products and sums in float32."""
-        cout, cin, kernel = weight.shape
-        d = self.conv.dilation[0]
         t = padded.shape[-1] - self.context
-        bias = self.conv.bias
         if self.ext is not None and padded.shape[0] == 1 and t <= self.native_rows:
-            taps = torch.stack([padded[0, :, j * d : j * d + t] for j in range(kernel)], dim=2)  # [in, t, kernel]
-            rows = taps.transpose(0, 1).reshape(t, cin * kernel)
-            return _few_row_gemm(self.ext, rows, weight.view(cout, cin * kernel), bias).t().unsqueeze(0)
-        out = F.conv1d(padded.to(weight.dtype), weight, None, dilation=d).float()
+            return self._native_columns(padded, t)
+        bias = self.conv.bias
+        out = F.conv1d(padded.to(weight.dtype), weight, None, dilation=self.conv.dilation[0]).float()
         return out if bias is None else out.add_(bias[None, :, None])
+
+    def gemm_weight(self) -> Tensor | None:
+        """The weight as the native GEMM reads it, ``[out, taps * in]`` in the order its input rows
+        are stacked (``_native_columns``), for a conv of more than one tap; else None."""
+        if self.weight_low is not None and self.weight_low.shape[2] > 1:
+            return self.weight_low.view(self.weight_low.shape[0], -1)
+        if self.weight_taps is not None and self.weight_taps.shape[1] > 1:
+            return self.weight_taps.view(self.weight_taps.shape[0], -1)
+        return None
+
+    def _native_columns(self, padded: Tensor, t: int) -> Tensor:
+        """The last ``t`` output columns of one batch (``t <= native_rows``) through the native
+        kernels: one input row per column, its taps stacked as ``gemm_weight`` orders them (tap by
+        channel for ``weight_taps``, channel by tap for ``weight_low``)."""
+        weight = self.gemm_weight()
+        assert self.ext is not None and weight is not None
+        d = self.conv.dilation[0]
+        kernel = self.conv.kernel_size[0]
+        x = padded[0]
+        if self.weight_low is not None:
+            rows = torch.stack([x[:, j * d : j * d + t] for j in range(kernel)], dim=2).transpose(0, 1)
+            rows = rows.reshape(t, weight.shape[1])
+        else:
+            rows = torch.cat([x[:, j * d : j * d + t].t() for j in range(kernel)], dim=1)
+        return _few_row_gemm(self.ext, rows, weight, self.conv.bias).t().unsqueeze(0)
 
     def _low_conv(self, padded: Tensor, taps: Tensor) -> Tensor:
         """``_conv`` with bfloat16 weights and float32 activations (``CodecDecoder`` loaded with
@@ -350,8 +369,7 @@ class CausalConv1d(nn.Module):
         t = padded.shape[-1] - self.context
         bias = self.conv.bias
         if self.ext is not None and batch == 1 and t <= self.native_rows:
-            rows = torch.cat([padded[0, :, j * d : j * d + t].t() for j in range(kernel)], dim=1)
-            return _few_row_gemm(self.ext, rows, flat, bias).t().unsqueeze(0)
+            return self._native_columns(padded, t)
         low = padded.to(taps.dtype)
         out = padded.new_empty(batch, cout, t)
         block = max(GEMM_MAX_COLUMNS, LOW_COLUMNS_BYTES // (kernel * cin * low.element_size()))
@@ -877,16 +895,8 @@ class CodecDecoder(nn.Module):
             elif isinstance(module, PackedLinear) and module.fmt == "float32":
                 module.max_rows = min(module.max_rows, rows or int(ext.MAX_BLOCKED_ROWS))
             if isinstance(module, CausalConv1d):
-                taps, low = module.weight_taps, module.weight_low
-                if (
-                    taps is not None
-                    and taps.shape[1] > 1
-                    and _takes_native_gemm(taps.view(taps.shape[0], -1), module.conv.bias)
-                ) or (
-                    low is not None
-                    and low.shape[2] > 1
-                    and _takes_native_gemm(low.view(low.shape[0], -1), module.conv.bias)
-                ):
+                weight = module.gemm_weight()
+                if weight is not None and _takes_native_gemm(weight, module.conv.bias):
                     module.ext = ext
                     count += 1
             elif isinstance(module, CausalConvTranspose1d):
