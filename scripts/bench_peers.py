@@ -53,10 +53,14 @@ FRAME_SAMPLES = 1920
 CODEC = "qwen-tokenizer-12hz"
 
 
+def model_size(model: Path) -> str:
+    """``1.7b`` or ``0.6b``: the checkpoint's ``tts_model_size``, as scripts/peers_prep.sh reads it."""
+    return "1.7b" if json.loads((model / "config.json").read_text()).get("tts_model_size") == "1b7" else "0.6b"
+
+
 def talker(model: Path) -> str:
     """The talker GGUF's name for this checkpoint's size, as scripts/peers_prep.sh names it."""
-    size = json.loads((model / "config.json").read_text()).get("tts_model_size", "0b6")
-    return f"qwen-talker-{'1.7b' if size == '1b7' else '0.6b'}-customvoice"
+    return f"qwen-talker-{model_size(model)}-customvoice"
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +323,7 @@ def main() -> int:
     complete = len(chosen) == len(SIDES) and all(len(results.get(s.name, [])) == args.rounds for s in SIDES)
     if doc is not None and complete:
         rounds = f"{args.rounds} round{'s' if args.rounds != 1 else ''}"
-        size = "1.7B" if "1.7b" in talker(args.model) else "0.6B"
+        size = model_size(args.model).upper()
         notes = (
             "One fresh process per run, interleaved (ours int8, GGML Q8_0, ours int4, GGML Q4_K_M, vox-tts q8),"
             f" {rounds}, medians; {args.threads} threads each, the same random {size} CustomVoice checkpoint, text,"
