@@ -135,9 +135,10 @@ def test_linear_matches_the_dequantized_weight(path: Any, fmt: str, rows: int, s
     expected = F.linear(x, packed.dequantized(), layer.bias.detach())
     got = packed(x)
     assert got.shape == (1, rows, n)
-    if fmt in ("int8", "int4") and rows <= path.MAX_STREAM_ROWS:
-        # Few-row products quantize the input to int8 per block of 32 (as GGML's Q8_0 does) and
-        # multiply in integers: the same as float products with that quantized input.
+    if fmt in ("int8", "int4") and rows <= path.MAX_BLOCKED_ROWS:
+        # Integer products (decoding's rows and a prompt's) quantize the input to int8 per block of
+        # 32 (as GGML's Q8_0 does) and multiply in integers: the same as float products with that
+        # quantized input. Beyond, blocks of widened weights go to torch.mm with the float input.
         expected = F.linear(_q8_blocks(x), packed.dequantized(), layer.bias.detach())
         assert float((got - F.linear(x, packed.dequantized(), layer.bias.detach())).abs().max()) > 0
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
@@ -169,8 +170,11 @@ def test_every_path_computes_what_the_generic_one_does(fmt: str, rows: int) -> N
 def _q8_blocks(x: torch.Tensor) -> torch.Tensor:
     """``x`` rounded to int8 per block of 32 along the last axis, scale max|x| / 127."""
     blocks = x.reshape(-1, 32)
-    scale = blocks.abs().amax(dim=1, keepdim=True) / 127
-    q = torch.where(scale > 0, torch.round(blocks / scale.clamp(min=1e-30)), torch.zeros_like(blocks))
+    amax = blocks.abs().amax(dim=1, keepdim=True)
+    scale = amax / 127
+    # Rounded as kernels.h's quantize_rows rounds: x times 127 / amax (x / scale rounds a value near
+    # a half step the other way now and then: one code apart, 1e-3 of the output).
+    q = torch.where(amax > 0, torch.round(blocks * (127 / amax.clamp(min=1e-30))), torch.zeros_like(blocks))
     return (q * scale).reshape(x.shape)
 
 
@@ -196,11 +200,12 @@ def test_int4_group_sizes(path: Any) -> None:
 @pytest.mark.parametrize("k", [2048, 6144])  # the 1.7B talker's width and its MLP's down projection
 def test_integer_products_at_the_talkers_widths(path: Any, fmt: str, k: int) -> None:
     """The integer kernels at the 1.7B talker's input widths (the tests above stop at 512), one to
-    four input rows (a frame, a prompt's rows four at a time): the kernels' scratch, their block
-    pairs and their group sums over many blocks against the float product of what they quantize."""
+    four input rows (a frame, a batch's step) and a prompt's (tiles of weight rows, four input
+    rows at a time, a last group of one or three): the kernels' scratch, their block pairs and
+    their group sums over many blocks against the float product of what they quantize."""
     layer = _linear(70, k, bias=False, seed=k)
     packed = native.PackedLinear(layer, fmt, path, group=64)
-    for rows in (1, 2, 3, 4):
+    for rows in (1, 2, 3, 4, 5, 39):
         x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
         want = F.linear(_q8_blocks(x), packed.dequantized())
         got = packed(x)

@@ -82,7 +82,8 @@ struct Ops {
   const char* name;
   // y [M, N] = x [M, K] W^T (+ bias), M <= kMaxRows: each weight read once.
   void (*stream)(const Weight& w, const float* x, int64_t M, float* y, int threads);
-  // The same for kMaxRows < M <= kBlockedMaxRows, float32 input (a register-blocked product).
+  // The same for kMaxRows < M <= kBlockedMaxRows (a prompt): integer weights with the input
+  // quantized as for stream (the same numbers), float weights against float32 input.
   void (*blocked)(const Weight& w, const float* x, int64_t M, float* y, int threads);
   // Rows [n0, n1) of the weight as float32 into dst ([n1 - n0, K], row-major).
   void (*widen)(const Weight& w, int64_t n0, int64_t n1, float* dst, int threads);

@@ -160,9 +160,11 @@ void stream(const Weight& w, const float* x, int64_t M, float* y, int threads) {
   });
 }
 
-// kMaxRows < M <= kBlockedMaxRows: each weight row widened once (into the thread's scratch row)
-// and multiplied by every input row (float32, as the wide paths' register-blocked product).
+// kMaxRows < M <= kBlockedMaxRows: integer weights as streaming (the input quantized, as the wide
+// paths' integer_prompt); float weights: each weight row widened once (into the thread's scratch
+// row) and multiplied by every input row (float32, as the wide paths' register-blocked product).
 void blocked(const Weight& w, const float* x, int64_t M, float* y, int threads) {
+  if (w.fmt == s2s::kI8 || w.fmt == s2s::kI4) return stream(w, x, M, y, threads);
   const int64_t N = w.n, K = w.k;
   s2s::parallel_for(0, N, 8, threads, [&](int64_t n0, int64_t n1) {
     float* row = static_cast<float*>(s2s::scratch(s2s::kScratchRow, K * static_cast<int64_t>(sizeof(float))));
