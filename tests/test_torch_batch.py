@@ -104,9 +104,10 @@ def test_batched_codes_are_each_requests_codes_alone(kernels: str) -> None:
 @pytest.mark.parametrize(("quantization", "atol"), [("none", 1e-5), ("int8", 1e-4), ("int4", 1e-4)])
 def test_native_run_rows_is_run_per_sequence(quantization: str, atol: float) -> None:
     """The kernel: rows of two caches at their own positions (one with two consecutive rows) give
-    what each cache's own run gives, and write the same keys. (int8 and int4 sum a lone row in two
-    chains, several in one (native/x86.inc): the last bits may differ, so batched greedy codes of
-    random weights can part from the codes alone at a near tie.)"""
+    what each cache's own run gives, and write the same keys; and six rows, more than a stream's
+    four (integer weights: one call, on the prompt's tiled products; float: two calls). (int8 and
+    int4 sum a lone row in two chains, several in one (native/x86.inc): the last bits may differ,
+    so batched greedy codes of random weights can part from the codes alone at a near tie.)"""
     engine = _engine(quantization=quantization)
     try:
         runtime = engine.runtime
@@ -132,9 +133,19 @@ def test_native_run_rows_is_run_per_sequence(quantization: str, atol: float) -> 
         got = stack.run_rows(x, cos, sin, caches, rows)
         want0 = stack.run(x[:, 0:1], cos[0:1], sin[0:1], ref[0], 7)
         want1 = stack.run(x[:, 1:3], cos[1:3], sin[1:3], ref[1], 12)
+        # Six rows: three of each cache, at positions after the ones above.
+        x6 = torch.randn(1, 6, hidden, generator=gen)
+        rows6 = [(0, 8), (1, 14), (0, 9), (1, 15), (0, 10), (1, 16)]
+        pos6 = torch.tensor([p for _, p in rows6])
+        cos6, sin6 = runtime._cos.index_select(0, pos6), runtime._sin.index_select(0, pos6)
+        got6 = stack.run_rows(x6, cos6, sin6, caches, rows6)
+        want6 = [stack.run(x6[:, c::2].contiguous(), cos6[c::2].contiguous(), sin6[c::2].contiguous(), ref[c], start)
+                 for c, start in ((0, 8), (1, 14))]  # fmt: skip
     finally:
         engine.close_blocking()
     torch.testing.assert_close(got, torch.cat([want0, want1], dim=1), rtol=0, atol=atol)
+    torch.testing.assert_close(got6[:, 0::2], want6[0], rtol=0, atol=atol)
+    torch.testing.assert_close(got6[:, 1::2], want6[1], rtol=0, atol=atol)
     for c, r in zip(caches, ref, strict=True):
         torch.testing.assert_close(c.k, r.k, rtol=0, atol=atol)
 
@@ -266,10 +277,12 @@ async def test_a_stream_whose_consumer_lags_is_paused_while_the_others_go_on(fp3
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_an_integer_prompt_runs_through_the_native_stack_in_blocks(quantization: str) -> None:
-    """A prompt longer than NATIVE_STACK_ROWS with integer weights runs block by block through the
-    native stack (each block attending to what the blocks before it wrote): the same hidden states
-    as the float path within the activations' int8 rounding, and the same keys in the cache."""
+@pytest.mark.parametrize("block", [None, 8])  # the whole prompt in one call; in blocks of 8
+def test_an_integer_prompt_runs_through_the_native_stack(quantization: str, block: int | None) -> None:
+    """A prompt with integer weights runs through the native stack, in one call up to its
+    ``max_rows`` positions and beyond block by block (each block attending to what the blocks before
+    it wrote): the same hidden states as the float path within the activations' int8 rounding, and
+    the same keys in the cache."""
     engine = _engine(quantization=quantization)
     try:
         runtime = engine.runtime
@@ -280,10 +293,23 @@ def test_an_integer_prompt_runs_through_the_native_stack_in_blocks(quantization:
             prompt = engine.prepare(_requests(engine)[2])[0].prefill
             n = prompt.shape[1]
             assert n > 4 * 2
+            assert n <= stack.native.max_rows
+            if block is not None:
+                stack.native.max_rows = block
+            calls = 0
+            run = stack.native.run
+
+            def counted(*args: Any) -> torch.Tensor:
+                nonlocal calls
+                calls += 1
+                return run(*args)
+
+            stack.native.run = counted
             runtime.ensure_capacity(n + 1)
             cache = runtime.talker_cache
             assert cache is not None
             blocks = stack.run(prompt, runtime._cos[:n], runtime._sin[:n], cache, 0)
+            assert calls == (1 if block is None else -(-n // block))
             keys = cache.k[:, :, :, :n].clone()
             stack.native_prompt = False
             try:

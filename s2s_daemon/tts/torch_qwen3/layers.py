@@ -318,8 +318,9 @@ class DecoderLayer(nn.Module):
 
 
 NATIVE_STACK_ROWS = 4
-"""Positions per call that ``native.Stack`` takes (its ``kMaxRows``): decoding steps and the code
-predictor's 2-position first step; longer prompts take the Python layers."""
+"""Positions per call that ``native.Stack`` streams each weight for (its ``kMaxRows``): decoding steps
+and the code predictor's 2-position first step. A stack of integer weights also takes a prompt, up to
+``Stack.max_rows`` positions a call; float weights' prompts take the Python layers."""
 
 
 class DecoderStack(nn.Module):
@@ -332,8 +333,8 @@ class DecoderStack(nn.Module):
         self.native: Any = None
         """``native.Stack`` running one CPU position in C++ (set by ``native.fuse_stacks``)."""
         self.native_prompt = False
-        """Longer inputs (a prompt) through ``native`` too, ``NATIVE_STACK_ROWS`` at a time (set by
-        ``native.fuse_stacks`` for integer weights, where that is the faster path)."""
+        """Longer inputs (a prompt) through ``native`` too, up to ``native.max_rows`` positions a call
+        (set by ``native.fuse_stacks`` for integer weights, where that is the faster path)."""
 
     def run(
         self,
@@ -351,7 +352,9 @@ class DecoderStack(nn.Module):
             return self.native.run(x, cache.k, cache.v, cos, sin, start)  # type: ignore[no-any-return]
         if self.native is not None and positions is None and self.native_prompt:
             # A prompt block by block: each block attends to the cache the blocks before it wrote.
-            step = NATIVE_STACK_ROWS
+            step = self.native.max_rows
+            if n <= step:
+                return self.native.run(x, cache.k, cache.v, cos, sin, start)  # type: ignore[no-any-return]
             blocks = [
                 self.native.run(
                     x[:, i : i + step].contiguous(),
@@ -376,14 +379,16 @@ class DecoderStack(nn.Module):
         Row ``r`` of ``x`` ``[1, R, hidden]`` sits at position ``rows[r][1]`` of
         ``caches[rows[r][0]]`` and attends to that cache up to there; ``cos``/``sin`` ``[R, head_dim]``
         are the rows' own. Rows of one cache at consecutive positions are causal among themselves.
-        The native stack reads each weight once for up to ``NATIVE_STACK_ROWS`` rows; elsewhere each
-        run of one cache's consecutive rows is its own ``run`` (correct, not faster).
+        The native stack reads each weight once for up to ``NATIVE_STACK_ROWS`` rows (integer
+        weights: ``native.max_rows``); elsewhere each run of one cache's consecutive rows is its own
+        ``run`` (correct, not faster).
         """
         n = x.shape[1]
         if self.native is not None:
             parts = []
-            for i in range(0, n, NATIVE_STACK_ROWS):  # rows in order: a later call sees an earlier one's keys
-                part = rows[i : i + NATIVE_STACK_ROWS]
+            step = self.native.max_rows if self.native_prompt else NATIVE_STACK_ROWS
+            for i in range(0, n, step):  # rows in order: a later call sees an earlier one's keys
+                part = rows[i : i + step]
                 parts.append(
                     self.native.run_rows(
                         x[:, i : i + len(part)].contiguous(),

@@ -505,6 +505,10 @@ class Stack:
         self._handle = handle
         self._keep = keep
         self._hidden, self._kv_heads, self._head_dim = dims.hidden, dims.kv_heads, dims.head_dim
+        self.max_rows = kernels.MAX_BLOCKED_ROWS
+        """Positions a call takes: up to ``kernels.MAX_STREAM_ROWS`` stream each weight once, more (a
+        prompt) run the register-blocked products (integer weights: the same kernels on tiles of
+        weight rows held in cache)."""
         self._run = lib.s2s_stack_run
         self._run_rows = lib.s2s_stack_run_rows
         weakref.finalize(self, lib.s2s_stack_free, handle)
@@ -512,7 +516,7 @@ class Stack:
     def _check_x(self, x: torch.Tensor) -> int:
         shape = x.shape
         if x.dtype is not torch.float32 or not x.is_cpu or len(shape) != 3 or shape[0] != 1 or shape[2] != self._hidden:
-            raise ValueError(f"x must be float32 [1, T <= 4, {self._hidden}] on the CPU")
+            raise ValueError(f"x must be float32 [1, T <= {self.max_rows}, {self._hidden}] on the CPU")
         return int(shape[1])
 
     def _check_cache(self, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -548,7 +552,7 @@ class Stack:
         sin: torch.Tensor,
         start: int,
     ) -> torch.Tensor:
-        """x ``[1, T, hidden]`` at positions start..start+T-1 (T <= 4, causal within the block) of
+        """x ``[1, T, hidden]`` at positions start..start+T-1 (T <= ``max_rows``, causal within the block) of
         one cache (``[layers, 1, kv_heads, max_len, head_dim]``); cos/sin ``[T, head_dim]``."""
         t = self._check_x(x)
         self._check_cache(k_all, v_all)
@@ -791,10 +795,11 @@ def fuse_stacks(root: nn.Module, ext: Kernels) -> int:
             layers.append((qkv, o, gate_up, down, weights))
         else:
             first: Any = module.layers[0]
-            # Integer weights: a prompt in blocks of NATIVE_STACK_ROWS through the Stack (its
-            # activations quantized per block of 32, as in decoding) is faster than the float path
-            # at logits within the quality guard; float weights read 4 rows at a time are slower
-            # (``scripts/bench_torch.py``'s prefill figures measure both).
+            # Integer weights: a prompt through the Stack, up to max_rows positions a call (its
+            # activations quantized per block of 32, as in decoding; the products on tiles of
+            # weight rows held in cache) is faster than the Python layers at logits within the
+            # quality guard; float weights there would gain nothing (``scripts/bench_torch.py``'s
+            # prefill figures, ``scripts/bench_prefill.py``).
             module.native_prompt = formats <= {"int8", "int4"}
             dims = StackDims(
                 first.self_attn.o_proj.out_features,

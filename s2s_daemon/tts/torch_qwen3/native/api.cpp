@@ -316,7 +316,8 @@ S2S_API int s2s_stack_run_rows(const void* stack_, const float* x, int64_t T, co
                                const float* sin, float* out, int threads) {
   const Stack* stack = static_cast<const Stack*>(stack_);
   if (stack == nullptr) return fail("no stack");
-  if (T < 1 || T > s2s::kMaxRows) return fail("x must be float32 [1, T <= %lld, hidden]", (long long)s2s::kMaxRows);
+  if (T < 1 || T > s2s::kBlockedMaxRows)
+    return fail("x must be float32 [1, T <= %lld, hidden]", (long long)s2s::kBlockedMaxRows);
   for (int64_t r = 0; r < T; ++r)
     if (rows[r].pos < 0 || rows[r].pos >= rows[r].max_len)
       return fail("row %lld: position %lld outside its KV cache (%lld)", (long long)r, (long long)rows[r].pos,
@@ -329,11 +330,12 @@ S2S_API int s2s_stack_run_rows(const void* stack_, const float* x, int64_t T, co
 // 1, kv_heads, max_len, head_dim].
 S2S_API int s2s_stack_run(const void* stack_, const float* x, int64_t T, float* k, float* v, int64_t max_len,
                           int64_t start, const float* cos, const float* sin, float* out, int threads) {
-  if (T < 1 || T > s2s::kMaxRows) return fail("x must be float32 [1, T <= %lld, hidden]", (long long)s2s::kMaxRows);
+  if (T < 1 || T > s2s::kBlockedMaxRows)
+    return fail("x must be float32 [1, T <= %lld, hidden]", (long long)s2s::kBlockedMaxRows);
   if (start < 0 || start + T > max_len)
     return fail("positions %lld..%lld outside the KV cache (%lld)", (long long)start, (long long)(start + T - 1),
                 (long long)max_len);
-  s2s::Row rows[s2s::kMaxRows];
+  s2s::Row rows[s2s::kBlockedMaxRows];
   for (int64_t r = 0; r < T; ++r) rows[r] = {k, v, max_len, start + r};
   return s2s_stack_run_rows(stack_, x, T, rows, cos, sin, out, threads);
 }
