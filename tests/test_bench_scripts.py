@@ -160,6 +160,28 @@ def test_bench_quant_agreement_on_the_tiny_checkpoint_publishes_each_format_agai
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_bench_prefill_on_the_tiny_checkpoint_publishes_both_ways_and_each_matrix(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from s2s_daemon.tts.torch_qwen3 import native
+
+    if native.why_not_here() is not None:
+        pytest.skip(f"native kernels cannot run here: {native.why_not_here()}")
+    page = scratch_page(tmp_path)
+    done = run_script("bench_prefill.py", str(TINY), "--rounds", "1", "--threads", "1", page=page)
+    assert done.returncode == 0, done.stderr[-2000:]
+    section = section_of(page, "prefill")
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| int")]
+    prompts = [r for r in rows if r[1].strip().isdigit()]
+    assert [r[0].strip() for r in prompts] == ["int4", "int8"]
+    assert all(int(r[1]) > 4 and r[4].strip().endswith("x") for r in prompts)  # a prompt longer than one block
+    matrices = [(r[0].strip(), r[1].strip()) for r in rows if not r[1].strip().isdigit()]
+    assert matrices == [(f, m) for f in ("int4", "int8") for m in ("qkv", "o", "gate_up", "down")]
+
+
+@pytest.mark.integration
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_bench_isa_on_the_tiny_checkpoint_publishes_each_path_beside_the_fastest(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from s2s_daemon.tts.torch_qwen3 import native
