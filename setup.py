@@ -27,6 +27,7 @@ SOURCES = [
     "portable.cpp",
     "x86_avx2.cpp",
     "x86_avx512.cpp",
+    "x86_amx.cpp",
     "arm_neon.cpp",
     "arm_dotprod.cpp",
     "arm_i8mm.cpp",

@@ -85,6 +85,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="checkpoint folder (e.g. a random 1.7B CustomVoice from make_checkpoint)")
     parser.add_argument("--formats", default="int4,int8", help="int8, int4 (comma-separated)")
+    parser.add_argument(
+        "--paths", default="auto", help="tts.torch.isa values side by side, comma-separated (e.g. amx,avx512)"
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=5)
     add_doc_arguments(parser, "prefill")
@@ -93,46 +96,58 @@ def main() -> int:
 
     from s2s_daemon.bench.torch_cpu import cpu_engine, sentence_request
 
-    print(machine_line(f"{args.threads} threads", f"{args.rounds} rounds"))
+    paths = args.paths.split(",")
+    print(machine_line(f"{args.threads} threads", f"{args.rounds} rounds", f"paths {args.paths}"))
     prefill_rows: list[list[Any]] = []
     matrix_rows: list[list[Any]] = []
     positions = 0
     for fmt in args.formats.split(","):
-        engine = cpu_engine(args.model, fmt, args.threads)
-        runtime: Any = engine.runtime
+        engines = {path: cpu_engine(args.model, fmt, args.threads, isa=path) for path in paths}
         try:
-            if not runtime.talker.model.native_prompt:
-                raise SystemExit(f"{fmt}: the talker's prompt does not run on the native stack here")
-            prompt = engine.prepare(sentence_request(engine))[0]
+            for path, engine in engines.items():
+                if not engine.runtime.talker.model.native_prompt:  # type: ignore[union-attr]
+                    raise SystemExit(f"{fmt} on {path}: the talker's prompt does not run on the native stack here")
+            first = next(iter(engines.values()))
+            prompt = first.prepare(sentence_request(first))[0]
             positions = prompt.prefill.shape[1]
-            times: dict[str, list[float]] = {w: [] for w in WAYS}
+            times: dict[tuple[str, str], list[float]] = {(p, w): [] for p in paths for w in WAYS}
             for _ in range(args.rounds):
-                times[WAYS[0]].append(prefill_ms(engine, prompt, runtime.talker.model.native.max_rows))
-                times[WAYS[1]].append(prefill_ms(engine, prompt, 4))
-            whole, fours = (statistics.median(times[w]) for w in WAYS)
-            print(f"{fmt}: prefill of {positions} positions: whole {whole:.0f} ms, 4 a call {fours:.0f} ms")
-            prefill_rows.append([fmt, positions, f"{whole:.0f}", f"{fours:.0f}", ratio(whole, fours)])
-            for name, n, k, ours, blas in matrices(engine, positions, args.rounds):
-                gflops = 2 * n * k * positions / 1e6
-                print(f"  {name:8s} {n}x{k}: ours {ours:.2f} ms ({gflops / ours:.0f} GFLOP/s), torch {blas:.2f} ms")
-                cells = [f"{n} x {k}", f"{ours:.2f}", f"{gflops / ours:.0f}", f"{blas:.2f}", ratio(ours, blas)]
-                matrix_rows.append([fmt, name, *cells])
+                for path, engine in engines.items():
+                    whole_rows = engine.runtime.talker.model.native.max_rows  # type: ignore[union-attr]
+                    times[path, WAYS[0]].append(prefill_ms(engine, prompt, whole_rows))
+                    times[path, WAYS[1]].append(prefill_ms(engine, prompt, 4))
+            base = statistics.median(times[paths[0], WAYS[0]])
+            for path, engine in engines.items():
+                isa = engine.info.isa.split(" ")[0] if engine.info is not None and engine.info.isa else path
+                whole, fours = (statistics.median(times[path, w]) for w in WAYS)
+                print(f"{fmt} {isa}: prefill of {positions} positions: whole {whole:.0f} ms, 4 a call {fours:.0f} ms")
+                prefill_rows.append(
+                    [fmt, isa, positions, f"{whole:.0f}", f"{fours:.0f}", ratio(whole, fours), ratio(whole, base)]
+                )
+                for name, n, k, ours, blas in matrices(engine, positions, args.rounds):
+                    gflops = 2 * n * k * positions / 1e6
+                    print(f"  {name:8s} {n}x{k}: ours {ours:.2f} ms ({gflops / ours:.0f} GFLOP/s), torch {blas:.2f} ms")
+                    cells = [f"{n} x {k}", f"{ours:.2f}", f"{gflops / ours:.0f}", f"{blas:.2f}", ratio(ours, blas)]
+                    matrix_rows.append([fmt, isa, name, *cells])
         finally:
-            engine.close_blocking()
+            for engine in engines.values():
+                engine.close_blocking()
     if doc is not None:
-        header = ["format", "positions", "whole prompt a call, ms", "4 a call, ms", "ratio"]
-        table = markdown_table(header, prefill_rows)
+        header = ["format", "path", "positions", "whole prompt a call, ms", "4 a call, ms", "whole / 4", "/ first path"]
+        table = markdown_table(header, prefill_rows, align="llrrrrr")
         table += "\n\n" + markdown_table(
-            ["format", "matrix", "out x in", "ours, ms", "GFLOP/s", "torch float32, ms", "ours / torch"], matrix_rows
+            ["format", "path", "matrix", "out x in", "ours, ms", "GFLOP/s", "torch float32, ms", "ours / torch"],
+            matrix_rows,
+            align="lllrrrrr",
         )
         doc.publish(
             "A new sentence's prefill on the native kernels",
             table,
             f"Model `{args.model}`, {args.threads} threads, the benchmark sentence's talker prompt ({positions}"
-            " positions), no prompt kept; medians of"
-            f" {args.rounds} rounds alternating. Whole prompt a call: the native stack's integer products on tiles"
-            " of weight rows held in cache; 4 a call: the same stack streaming every weight again for each four"
-            " positions. Below: each matrix of the talker's first layer with the prompt's rows, ours against"
+            f" positions), no prompt kept; medians of {args.rounds} rounds alternating the paths and the two ways."
+            " Whole prompt a call: the native stack's integer products on tiles of weight rows held in cache (on"
+            " `amx`, int8 weights on AMX's tiles); 4 a call: the same stack streaming every weight again for each"
+            " four positions. Below: each matrix of the talker's first layer with the prompt's rows, ours against"
             " torch's float32 GEMM of the weight dequantized (best of the rounds).",
         )
     return 0

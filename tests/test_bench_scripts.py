@@ -167,15 +167,21 @@ def test_bench_prefill_on_the_tiny_checkpoint_publishes_both_ways_and_each_matri
     if native.why_not_here() is not None:
         pytest.skip(f"native kernels cannot run here: {native.why_not_here()}")
     page = scratch_page(tmp_path)
-    done = run_script("bench_prefill.py", str(TINY), "--rounds", "1", "--threads", "1", page=page)
+    paths = ["auto", "generic"]
+    done = run_script(
+        "bench_prefill.py", str(TINY), "--rounds", "1", "--threads", "1", "--paths", ",".join(paths), page=page
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     section = section_of(page, "prefill")
-    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| int")]
-    prompts = [r for r in rows if r[1].strip().isdigit()]
-    assert [r[0].strip() for r in prompts] == ["int4", "int8"]
-    assert all(int(r[1]) > 4 and r[4].strip().endswith("x") for r in prompts)  # a prompt longer than one block
-    matrices = [(r[0].strip(), r[1].strip()) for r in rows if not r[1].strip().isdigit()]
-    assert matrices == [(f, m) for f in ("int4", "int8") for m in ("qkv", "o", "gate_up", "down")]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section.splitlines() if line.startswith("| int")]
+    prompts = [r for r in rows if r[2].isdigit()]
+    widest = native.load().isa  # type: ignore[union-attr]
+    assert [(r[0], r[1]) for r in prompts] == [(f, p) for f in ("int4", "int8") for p in (widest, "generic")]
+    assert all(int(r[2]) > 4 and r[5].endswith("x") for r in prompts)  # a prompt longer than one block
+    assert all(r[6] == "1.00x" for r in prompts[::2])  # the first path against itself
+    matrices = [(r[0], r[1], r[2]) for r in rows if not r[2].isdigit()]
+    names = ("qkv", "o", "gate_up", "down")
+    assert matrices == [(f, p, m) for f in ("int4", "int8") for p in (widest, "generic") for m in names]
 
 
 @pytest.mark.integration

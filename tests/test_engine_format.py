@@ -143,7 +143,7 @@ def test_an_isa_the_library_does_not_carry_fails_the_load(monkeypatch: pytest.Mo
     monkeypatch.setattr(native, "carried_paths", lambda: ("generic",))
     monkeypatch.setattr(native, "_state", {})
     engine = TorchQwen3Engine(EngineOptions(model=str(TINY), device="cpu", quantization="int8", isa=wide))
-    with pytest.raises(EngineError, match=f"carries no {wide} path|avx512 path, which this build does not carry"):
+    with pytest.raises(EngineError, match=f"carries no {wide} path|avx512 path here, which this build does not carry"):
         engine.load_blocking()
     engine.close_blocking()
 

@@ -28,7 +28,7 @@ OLD_XEON = "flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx"
 PI5 = "Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp"
 PI4 = "Features\t: fp asimd evtstrm crc32 cpuid"
 GRAVITON3 = PI5 + " sve i8mm bf16"
-X86_BUILD = ("generic", "avx2", "avx512")
+X86_BUILD = ("generic", "avx2", "avx512", "amx")
 ARM_BUILD = ("generic", "neon", "dotprod", "i8mm")
 """What this build carries on each architecture (``test_native_kernels.py`` checks the library)."""
 
@@ -38,7 +38,7 @@ ARM_BUILD = ("generic", "neon", "dotprod", "i8mm")
     [
         ("x86_64", N100, ("generic", "avx2"), "avx2", "auto: cpu has avx2 and fma"),
         ("x86_64", ZEN4, ("generic", "avx2", "avx512"), "avx512", "auto: cpu has avx512_vnni"),
-        ("x86_64", SAPPHIRE_RAPIDS, ("generic", "avx2", "avx512", "amx"), "avx512", "auto: cpu has avx512_vnni"),
+        ("x86_64", SAPPHIRE_RAPIDS, ("generic", "avx2", "avx512", "amx"), "amx", "auto: cpu has amx_int8"),
         ("x86_64", OLD_XEON, ("generic",), "generic", "auto: portable C (the cpu has none of the wider paths)"),
         ("aarch64", PI4, ("generic", "neon"), "neon", "auto: cpu has asimd"),
         ("aarch64", PI5, ("generic", "neon", "dotprod"), "dotprod", "auto: cpu has asimddp"),
@@ -54,12 +54,17 @@ def test_auto_runs_the_widest_path_the_cpu_has_and_the_build_carries(
     assert path == auto and why in reason
 
 
-def test_a_cap_runs_as_configured_and_amx_runs_the_avx512_path() -> None:
+def test_a_cap_runs_as_configured_and_amx_without_its_unit_runs_the_avx512_path() -> None:
     runnable = isa.paths_for("x86_64", isa.cpu_flags(SAPPHIRE_RAPIDS))
     assert isa.choose("avx2", X86_BUILD, runnable) == ("avx2", "configured")
     assert isa.choose("generic", X86_BUILD, runnable) == ("generic", "configured")
-    path, reason = isa.choose("amx", X86_BUILD, runnable)
-    assert path == "avx512" and "no AMX kernels" in reason
+    assert isa.choose("amx", X86_BUILD, runnable) == ("amx", "configured")
+    assert isa.choose("avx512", X86_BUILD, runnable) == ("avx512", "configured")
+    # A build whose compiler had no AMX (GCC before 11) carries no amx path: auto and amx take avx512.
+    older = ("generic", "avx2", "avx512")
+    assert isa.choose("auto", older, runnable) == ("avx512", "auto: cpu has avx512_vnni")
+    path, reason = isa.choose("amx", older, runnable)
+    assert path == "avx512" and "carries no amx path" in reason
 
 
 def test_a_path_the_cpu_or_the_build_lacks_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,14 +1,15 @@
 """The instruction-set paths of the native CPU kernels (``tts.torch.isa``), without torch.
 
 One build of the kernels carries every path of its architecture and runs the widest this CPU has
-(``torch_qwen3/native``): on x86-64 ``generic`` (portable C), ``avx2`` (AVX2 and FMA) and
-``avx512`` (AVX-512 with VNNI); ``amx`` is accepted on a CPU with AMX and runs the avx512 path
-(there are no AMX kernels). On aarch64 ``generic``, ``neon`` (Armv8.0's Advanced SIMD),
-``dotprod`` (Armv8.2's SDOT) and ``i8mm`` (the int8 matrix multiply, SMMLA). ``tts.torch.isa``
-caps the path for tests and benchmarks; ``check-config`` and ``run`` refuse a path this CPU cannot
-run before anything loads (``preflight``: exit 78 naming the key). This module reads the CPU as the
-operating system reports it (``/proc/cpuinfo``, macOS's ``sysctl``) and needs no torch; the library
-checks again with cpuid or the kernel's HWCAPs before it runs a path.
+(``torch_qwen3/native``): on x86-64 ``generic`` (portable C), ``avx2`` (AVX2 and FMA), ``avx512``
+(AVX-512 with VNNI) and ``amx`` (the avx512 path with a prompt's int8 products on AMX's tiles; a
+build whose compiler had no AMX runs the avx512 path for it). On aarch64 ``generic``, ``neon``
+(Armv8.0's Advanced SIMD), ``dotprod`` (Armv8.2's SDOT) and ``i8mm`` (the int8 matrix multiply,
+SMMLA). ``tts.torch.isa`` caps the path for tests and benchmarks; ``check-config`` and ``run``
+refuse a path this CPU cannot run before anything loads (``preflight``: exit 78 naming the key).
+This module reads the CPU as the operating system reports it (``/proc/cpuinfo``, macOS's ``sysctl``)
+and needs no torch; the library checks again with cpuid or the kernel's HWCAPs before it runs a
+path.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _ARM_NEEDS = {"neon": ("asimd",), "dotprod": ("asimd", "asimddp"), "i8mm": ("asi
 """The ``Features`` of aarch64's ``/proc/cpuinfo`` each path needs."""
 _MAC_KEYS = {"dotprod": "hw.optional.arm.FEAT_DotProd", "i8mm": "hw.optional.arm.FEAT_I8MM"}
 _WHY = {
+    "amx": "amx_int8",
     "avx512": "avx512_vnni",
     "avx2": "avx2 and fma",
     "neon": "asimd",
@@ -130,10 +132,10 @@ def choose(requested: str, carried: tuple[str, ...], runnable: tuple[str, ...]) 
     why = refusal(requested, runnable=runnable)
     if why is not None:
         raise ValueError(f"tts.torch.isa: {why}")
-    if requested == "amx":
+    if requested == "amx" and requested not in carried:
         if "avx512" not in carried:
-            raise ValueError("tts.torch.isa: amx runs the avx512 path, which this build does not carry")
-        return "avx512", "configured amx: there are no AMX kernels, the avx512 path runs"
+            raise ValueError("tts.torch.isa: amx runs the avx512 path here, which this build does not carry")
+        return "avx512", "configured amx: this build carries no amx path (no AMX in its compiler), avx512 runs"
     if requested not in carried:
         raise ValueError(f"tts.torch.isa: this build carries no {requested} path (it carries: {', '.join(carried)})")
     return requested, "configured"

@@ -20,6 +20,10 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #elif defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #elif defined(__aarch64__) && defined(__APPLE__)
@@ -62,7 +66,15 @@ bool cpu_has(const char* name) {
   if (std::strcmp(name, "amx") == 0) {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    return avx512 && (d >> 24 & 1) && (d >> 25 & 1);  // AMX-TILE, AMX-INT8
+    if (!(avx512 && (d >> 24 & 1) && (d >> 25 & 1))) return false;  // AMX-TILE, AMX-INT8
+#if defined(__linux__)
+    // Linux hands a process AMX's tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
+    // XFEATURE_XTILEDATA, Linux 5.16+); asked once, for the whole process, before any tile is used.
+    static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return granted;
+#else
+    return false;
+#endif
   }
 #elif defined(__aarch64__) && defined(__linux__)
   const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
@@ -82,12 +94,14 @@ bool cpu_has(const char* name) {
   return false;
 }
 
-// The paths this build carries, best last (kernels.h declares their tables).
+// The paths this build carries, best last (kernels.h declares their tables); null: one this
+// build's compiler could not make (amx).
 const Ops* const kCarried[] = {
     &s2s_ops_generic,
 #if defined(__x86_64__) || defined(_M_X64)
     &s2s_ops_avx2,
     &s2s_ops_avx512,
+    s2s_ops_amx,
 #endif
 #if defined(__aarch64__)
     &s2s_ops_neon,
@@ -164,6 +178,7 @@ S2S_API const char* s2s_paths() {
   static char names[128];
   if (names[0] == '\0') {
     for (const Ops* ops : kCarried) {
+      if (ops == nullptr) continue;
       if (names[0] != '\0') std::strncat(names, " ", sizeof names - std::strlen(names) - 1);
       std::strncat(names, ops->name, sizeof names - std::strlen(names) - 1);
     }
@@ -178,7 +193,7 @@ S2S_API int s2s_cpu_has(const char* name) { return name != nullptr && cpu_has(na
 S2S_API const void* s2s_ops(const char* name) {
   if (name == nullptr) return fail("no path named"), nullptr;
   for (const Ops* ops : kCarried) {
-    if (std::strcmp(ops->name, name) != 0) continue;
+    if (ops == nullptr || std::strcmp(ops->name, name) != 0) continue;
     if (!cpu_has(name)) return fail("this CPU cannot run the %s path", name), nullptr;
     return ops;
   }

@@ -105,6 +105,7 @@ enum ScratchSlot {
   kScratchStack,  // stack.inc's activations (one buffer, carved up)
   kScratchPairs,  // the i8mm path's stream: the quantized input rows in pairs (arm.inc)
   kScratchI4,     // the x86 stream: the quantized input as the 4-bit pair kernels read it
+  kScratchAmx,    // the amx path's prompt product: the quantized input in its tiles' order
   kScratchSlots
 };
 void* scratch(int slot, int64_t bytes);
@@ -189,6 +190,7 @@ extern const s2s::Ops s2s_ops_generic;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const s2s::Ops s2s_ops_avx2;
 extern const s2s::Ops s2s_ops_avx512;
+extern const s2s::Ops* const s2s_ops_amx;  // null where the compiler had no AMX (x86_amx.cpp)
 #endif
 #if defined(__aarch64__)
 extern const s2s::Ops s2s_ops_neon;
