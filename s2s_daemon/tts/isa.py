@@ -2,14 +2,14 @@
 
 One build of the kernels carries every path of its architecture and runs the widest this CPU has
 (``torch_qwen3/native``): on x86-64 ``generic`` (portable C), ``avx2`` (AVX2 and FMA), ``avx512``
-(AVX-512 with VNNI) and ``amx`` (the avx512 path with a prompt's int8 products on AMX's tiles; a
-build whose compiler had no AMX runs the avx512 path for it). On aarch64 ``generic``, ``neon``
-(Armv8.0's Advanced SIMD), ``dotprod`` (Armv8.2's SDOT) and ``i8mm`` (the int8 matrix multiply,
-SMMLA). ``tts.torch.isa`` caps the path for tests and benchmarks; ``check-config`` and ``run``
-refuse a path this CPU cannot run before anything loads (``preflight``: exit 78 naming the key).
-This module reads the CPU as the operating system reports it (``/proc/cpuinfo``, macOS's ``sysctl``)
-and needs no torch; the library checks again with cpuid or the kernel's HWCAPs before it runs a
-path.
+(AVX-512 with VNNI) and ``amx`` (the avx512 path with a prompt's int8 and 4-bit products on AMX's
+tiles; a build whose compiler had no AMX runs the avx512 path for it). On aarch64 ``generic``,
+``neon`` (Armv8.0's Advanced SIMD), ``dotprod`` (Armv8.2's SDOT) and ``i8mm`` (the int8 matrix
+multiply, SMMLA). ``tts.torch.isa`` caps the path for tests and benchmarks; ``check-config`` and
+``run`` refuse a path this CPU cannot run before anything loads (``preflight``: exit 78 naming the
+key). This module reads the CPU as the operating system reports it (``/proc/cpuinfo``, macOS's
+``sysctl``) and needs no torch; the library checks again with cpuid or the kernel's HWCAPs before it
+runs a path.
 """
 
 from __future__ import annotations
