@@ -2,12 +2,14 @@
 // int8 and 4-bit weights run on AMX's tiles (Intel's Xeons since Sapphire Rapids; amx_prompt in
 // x86.inc).
 // Decoding's products are the avx512 path's, bit for bit. A compiler without AMX (GCC before 11,
-// clang before 12) builds this unit without the path: s2s_ops_amx is then null and the library
-// carries no amx path (tts.torch.isa: amx runs the avx512 path then, and says so).
+// clang before 12) or another OS than Linux builds this unit without the path: s2s_ops_amx is then
+// null and the library carries no amx path (tts.torch.isa: amx runs the avx512 path then, and says so).
 
 #include "kernels.h"
 
-#if (defined(__x86_64__) || defined(_M_X64)) && \
+#if defined(__x86_64__) || defined(_M_X64)
+// Linux alone offers the tile state (api.cpp's cpu_has); no Mac has AMX.
+#if defined(__linux__) && \
     ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
 
 #include <immintrin.h>
@@ -43,4 +45,5 @@ extern "C" const s2s::Ops* const s2s_ops_amx = &kAmx;
 
 #else
 extern "C" const s2s::Ops* const s2s_ops_amx = nullptr;
+#endif
 #endif
