@@ -1,9 +1,9 @@
 // The `amx` path: the avx512 path (x86.inc compiled for AVX-512 with VNNI) whose prompt products of
-// int8 and 4-bit weights run on AMX's tiles (Intel's Xeons since Sapphire Rapids; amx_prompt in
-// x86.inc).
-// Decoding's products are the avx512 path's, bit for bit. A compiler without AMX (GCC before 11,
-// clang before 12) or another OS than Linux builds this unit without the path: s2s_ops_amx is then
-// null and the library carries no amx path (tts.torch.isa: amx runs the avx512 path then, and says so).
+// int8 and 4-bit weights run on AMX's tiles (Intel's server CPUs with tile instructions; amx_prompt
+// in x86.inc). Decoding's products are the avx512 path's, bit for bit. A compiler without AMX (GCC
+// before 11, clang before 12) or another OS than Linux builds this unit without the path:
+// s2s_ops_amx is then null and the library carries no amx path (tts.torch.isa: amx runs the avx512
+// path then, and says so).
 
 #include "kernels.h"
 
