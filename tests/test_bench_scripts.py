@@ -187,6 +187,31 @@ def test_bench_prefill_on_the_tiny_checkpoint_publishes_both_ways_and_each_matri
 @pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_bench_first_chunk_on_the_tiny_checkpoint_publishes_each_part_of_both_cases(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from s2s_daemon.tts.torch_qwen3 import native
+
+    if native.why_not_here() is not None:
+        pytest.skip(f"native kernels cannot run here: {native.why_not_here()}")
+    page = scratch_page(tmp_path)
+    done = run_script("bench_first_chunk.py", str(TINY), "--rounds", "2", "--threads", "1", page=page)
+    assert done.returncode == 0, done.stderr[-2000:]
+    section = section_of(page, "first-chunk")
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section.splitlines() if line.startswith("| int")]
+    assert [(r[0], r[2]) for r in rows] == [(f, c) for f in ("int4", "int8") for c in ("new voice", "same voice")]
+    for fmt, _path, case, positions, *cells in rows:
+        run, total = (int(n) for n in positions.split(" of "))
+        # A kept voice runs fewer positions than its whole prompt; a new one runs them all.
+        assert (run == total) if case == "new voice" else (0 < run < total), (fmt, case, positions)
+        first, prepare, prefill, predictor, codec, rest = (float(c) for c in cells)
+        assert min(prepare, prefill, predictor, codec) >= 0 and first >= 0
+        assert prepare + prefill + predictor + codec <= first + 2  # parts of one chunk (medians apart)
+
+
+@pytest.mark.integration
+@pytest.mark.torch
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_bench_isa_on_the_tiny_checkpoint_publishes_each_path_beside_the_fastest(tmp_path: Path) -> None:
     pytest.importorskip("torch")
