@@ -99,10 +99,37 @@ def test_float32_codes_are_the_official_ones() -> None:
 def test_quantized_codes_are_x86_64s(quantization: str) -> None:
     _native_or_skip()
     want = np.array(json.loads(QUANTIZED_CODES.read_text(encoding="utf-8"))[quantization])
-    got = codes(quantization)
+    # The widest path whose prompts multiply integers: the amx path's run on bfloat16 tiles
+    # (test_amx_codes_are_the_amx_paths), and where it is the widest, avx512 is checked here.
+    loaded = native.load()
+    got = codes(quantization, "avx512" if loaded is not None and loaded.isa == "amx" else "auto")
     equal = float((got == want).mean())
     assert got.shape == want.shape
     assert equal >= QUANTIZED_MIN_EQUAL, f"{quantization}: {equal:.1%} of the codes equal x86-64's"
+
+
+def _amx_or_skip() -> None:
+    _native_or_skip()
+    if "amx" not in native.carried_paths() or "amx" not in native.runnable_paths():
+        pytest.skip("no amx path here (an x86-64 CPU with AMX and a build whose compiler has it)")
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_amx_codes_are_the_amx_paths(quantization: str) -> None:
+    """The amx path multiplies a prompt's integer weights on bfloat16 tiles, its input rounded to
+    bfloat16 rather than to int8 per block: nearer float32's product, and on these random weights
+    (flat logits) its greedy codes part from the integer paths' at a near tie (int4's even reach
+    an end of speech). They are held to the codes this path gave when the fixture was written
+    (``QUANTIZED_CODES``' ``<format>@amx``, by ``python -m tests.test_arm64_codes`` on a CPU with
+    AMX), at the same share as the integer paths'."""
+    _amx_or_skip()
+    data = json.loads(QUANTIZED_CODES.read_text(encoding="utf-8"))
+    assert f"{quantization}@amx" in data, "the fixture has no amx codes: run python -m tests.test_arm64_codes"
+    want = np.array(data[f"{quantization}@amx"])
+    got = codes(quantization, "amx")
+    assert got.shape == want.shape
+    equal = float((got == want).mean())
+    assert equal >= QUANTIZED_MIN_EQUAL, f"{quantization}: {equal:.1%} of the codes equal the amx path's"
 
 
 @pytest.mark.integration
@@ -139,6 +166,12 @@ def main() -> None:
         "frames": FRAMES,
         **{q: codes(q, "generic").tolist() for q in ("int8", "int4")},
     }
+    if "amx" in native.carried_paths() and "amx" in native.runnable_paths():
+        data["made_by"] += "; <format>@amx: the amx path on this CPU"
+        data.update({f"{q}@amx": codes(q, "amx").tolist() for q in ("int8", "int4")})
+    else:  # kept from the last machine that had AMX
+        old = json.loads(QUANTIZED_CODES.read_text(encoding="utf-8"))
+        data.update({k: v for k, v in old.items() if k.endswith("@amx")})
     QUANTIZED_CODES.write_text(json.dumps(data) + "\n", encoding="utf-8")
     print(f"wrote {QUANTIZED_CODES}")
 

@@ -38,7 +38,7 @@ ARM_BUILD = ("generic", "neon", "dotprod", "i8mm")
     [
         ("x86_64", N100, ("generic", "avx2"), "avx2", "auto: cpu has avx2 and fma"),
         ("x86_64", ZEN4, ("generic", "avx2", "avx512"), "avx512", "auto: cpu has avx512_vnni"),
-        ("x86_64", SAPPHIRE_RAPIDS, ("generic", "avx2", "avx512", "amx"), "amx", "auto: cpu has amx_int8"),
+        ("x86_64", SAPPHIRE_RAPIDS, ("generic", "avx2", "avx512", "amx"), "amx", "auto: cpu has amx_bf16"),
         ("x86_64", OLD_XEON, ("generic",), "generic", "auto: portable C (the cpu has none of the wider paths)"),
         ("aarch64", PI4, ("generic", "neon"), "neon", "auto: cpu has asimd"),
         ("aarch64", PI5, ("generic", "neon", "dotprod"), "dotprod", "auto: cpu has asimddp"),

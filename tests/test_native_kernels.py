@@ -138,8 +138,9 @@ def test_linear_matches_the_dequantized_weight(path: Any, fmt: str, rows: int, s
     if fmt in ("int8", "int4") and rows <= path.MAX_BLOCKED_ROWS:
         # Integer products (decoding's rows and a prompt's) quantize the input to int8 per block of
         # 32 (as GGML's Q8_0 does) and multiply in integers: the same as float products with that
-        # quantized input. Beyond, blocks of widened weights go to torch.mm with the float input.
-        expected = F.linear(_q8_blocks(x), packed.dequantized(), layer.bias.detach())
+        # quantized input; the amx path's prompt rounds it to bfloat16 (_integer_reference).
+        # Beyond, blocks of widened weights go to torch.mm with the float input.
+        expected = _integer_reference(path.isa, fmt, x, packed.dequantized(), layer.bias.detach())
         assert float((got - F.linear(x, packed.dequantized(), layer.bias.detach())).abs().max()) > 0
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
@@ -164,7 +165,10 @@ def test_every_path_computes_what_the_generic_one_does(fmt: str, rows: int) -> N
             fmt, reference.data, reference.scales, reference.mins, reference.bias, 256, 96, other, 64
         )
         assert torch.equal(packed.dequantized(), reference.dequantized()), name
-        torch.testing.assert_close(packed(x), want, rtol=2e-5, atol=2e-5, msg=lambda m, n=name: f"{n}: {m}")
+        expected = want
+        if name == "amx" and fmt in ("int8", "int4") and other.MAX_STREAM_ROWS < rows <= other.MAX_BLOCKED_ROWS:
+            expected = _integer_reference(name, fmt, x, reference.dequantized(), reference.bias)
+        torch.testing.assert_close(packed(x), expected, rtol=2e-5, atol=2e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def _q8_blocks(x: torch.Tensor) -> torch.Tensor:
@@ -176,6 +180,20 @@ def _q8_blocks(x: torch.Tensor) -> torch.Tensor:
     # a half step the other way now and then: one code apart, 1e-3 of the output).
     q = torch.where(amax > 0, torch.round(blocks * (127 / amax.clamp(min=1e-30))), torch.zeros_like(blocks))
     return (q * scale).reshape(x.shape)
+
+
+def _integer_reference(
+    isa: str, fmt: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """What the kernels of path ``isa`` compute for ``x`` (2 to 64 rows) by int8 or 4-bit weights
+    that dequantize to ``weight``: the float product of the input quantized as ``_q8_blocks`` does;
+    on ``amx`` a prompt (more than ``MAX_STREAM_ROWS`` rows) multiplies on bfloat16 tiles instead:
+    the input rounded to bfloat16, int8 codes exact (the row's scale applied to the sums), 4-bit
+    weights rounded to bfloat16 once dequantized."""
+    if isa == "amx" and x.shape[-2] > native.load("amx").MAX_STREAM_ROWS:  # type: ignore[union-attr]
+        w = weight if fmt == "int8" else weight.bfloat16().float()
+        return F.linear(x.bfloat16().float(), w, bias)
+    return F.linear(_q8_blocks(x), weight, bias)
 
 
 @pytest.mark.arm64
@@ -207,7 +225,7 @@ def test_integer_products_at_the_talkers_widths(path: Any, fmt: str, k: int) -> 
     packed = native.PackedLinear(layer, fmt, path, group=64)
     for rows in (1, 2, 3, 4, 5, 39):
         x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-        want = F.linear(_q8_blocks(x), packed.dequantized())
+        want = _integer_reference(path.isa, fmt, x, packed.dequantized(), None)
         got = packed(x)
         # float32 sums of thousands of products in another order: within 1e-5 of the output's
         # largest value (they come within 1e-6; a wrong block, scale or group sum is off by >1e-2).

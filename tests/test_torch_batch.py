@@ -141,13 +141,19 @@ def test_native_run_rows_is_run_per_sequence(quantization: str, atol: float) -> 
         got6 = stack.run_rows(x6, cos6, sin6, caches, rows6)
         want6 = [stack.run(x6[:, c::2].contiguous(), cos6[c::2].contiguous(), sin6[c::2].contiguous(), ref[c], start)
                  for c, start in ((0, 8), (1, 14))]  # fmt: skip
+        isa = engine.info.isa if engine.info is not None else ""
     finally:
         engine.close_blocking()
     torch.testing.assert_close(got, torch.cat([want0, want1], dim=1), rtol=0, atol=atol)
-    torch.testing.assert_close(got6[:, 0::2], want6[0], rtol=0, atol=atol)
-    torch.testing.assert_close(got6[:, 1::2], want6[1], rtol=0, atol=atol)
+    # On the amx path the six rows' integer products run on bfloat16 tiles (the input rounded to
+    # bfloat16, not to int8 per block as the three rows alone are): outputs 2e-3 and keys (after
+    # their norm) 2e-2 apart at most here, where a row at another position or in the other cache
+    # is tenths to units apart.
+    atol6 = 3e-2 if quantization != "none" and isa.startswith("amx") else atol
+    torch.testing.assert_close(got6[:, 0::2], want6[0], rtol=0, atol=atol6)
+    torch.testing.assert_close(got6[:, 1::2], want6[1], rtol=0, atol=atol6)
     for c, r in zip(caches, ref, strict=True):
-        torch.testing.assert_close(c.k, r.k, rtol=0, atol=atol)
+        torch.testing.assert_close(c.k, r.k, rtol=0, atol=atol6)
 
 
 def test_max_batch_follows_the_kernels(fp32: TorchQwen3Engine) -> None:

@@ -30,14 +30,25 @@ CHOICES = ("auto", "generic", "avx2", "avx512", "amx", "neon", "dotprod", "i8mm"
 _X86_NEEDS = {
     "avx2": ("avx2", "fma"),
     "avx512": ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"),
-    "amx": ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "amx_tile", "amx_int8"),
+    "amx": (
+        "avx2",
+        "fma",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512dq",
+        "avx512_vnni",
+        "avx512_bf16",
+        "amx_tile",
+        "amx_bf16",
+    ),
 }
 """The ``/proc/cpuinfo`` flags each x86-64 path needs (``api.cpp``'s ``cpu_has`` checks the same bits)."""
 _ARM_NEEDS = {"neon": ("asimd",), "dotprod": ("asimd", "asimddp"), "i8mm": ("asimd", "asimddp", "i8mm")}
 """The ``Features`` of aarch64's ``/proc/cpuinfo`` each path needs."""
 _MAC_KEYS = {"dotprod": "hw.optional.arm.FEAT_DotProd", "i8mm": "hw.optional.arm.FEAT_I8MM"}
 _WHY = {
-    "amx": "amx_int8",
+    "amx": "amx_bf16",
     "avx512": "avx512_vnni",
     "avx2": "avx2 and fma",
     "neon": "asimd",

@@ -66,7 +66,8 @@ bool cpu_has(const char* name) {
   if (std::strcmp(name, "amx") == 0) {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    if (!(avx512 && (d >> 24 & 1) && (d >> 25 & 1))) return false;  // AMX-TILE, AMX-INT8
+    if (!(avx512 && (d >> 22 & 1) && (d >> 24 & 1))) return false;  // AMX-BF16, AMX-TILE
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a >> 5 & 1)) return false;  // AVX512_BF16
 #if defined(__linux__)
     // Linux hands a process AMX's tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
     // XFEATURE_XTILEDATA, Linux 5.16+); asked once, for the whole process, before any tile is used.

@@ -1,5 +1,5 @@
 // The `amx` path: the avx512 path (x86.inc compiled for AVX-512 with VNNI) whose prompt products of
-// int8 and 4-bit weights run on AMX's tiles (Intel's server CPUs with tile instructions; amx_prompt
+// int8 and 4-bit weights run on AMX's bfloat16 tiles (Intel's server CPUs with tile instructions; amx_prompt
 // in x86.inc). Decoding's products are the avx512 path's, bit for bit. A compiler without AMX (GCC
 // before 11, clang before 12) or another OS than Linux builds this unit without the path:
 // s2s_ops_amx is then null and the library carries no amx path (tts.torch.isa: amx runs the avx512
@@ -15,10 +15,10 @@
 #include <immintrin.h>
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,amx-tile,amx-int8,amx-bf16"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,amx-tile,amx-int8,amx-bf16")
 #endif
 
 #define S2S_VNNI 1
