@@ -135,7 +135,7 @@ def main() -> int:
                     positions[case] = (timer.positions, timer.positions - timer.kept)
             for case in CASES:
                 ms = {part: statistics.median(values) * 1000 for part, values in got[case].items()}
-                rest = ms["total"] - sum(ms[p] for p in PARTS)
+                rest = round(ms["total"] - sum(ms[p] for p in PARTS))  # an int: "0", never "-0"
                 total, run = positions[case]
                 print(
                     f"{fmt} {isa} {case}: first chunk {ms['total']:.0f} ms = prepare {ms['prepare']:.0f} + prefill"
@@ -143,7 +143,7 @@ def main() -> int:
                     f" {ms['codec']:.0f} + rest {rest:.0f}"
                 )
                 cells = [f"{ms[p]:.0f}" for p in ("total", *PARTS)]
-                rows.append([fmt, isa, case, f"{run} of {total}", *cells, f"{rest:.0f}"])
+                rows.append([fmt, isa, case, f"{run} of {total}", *cells, str(rest)])
         finally:
             timer.close()
             engine.close_blocking()
