@@ -207,3 +207,39 @@ def test_prefix_cache_unit_common_rows() -> None:
     assert PrefixCache._common(rows, rows) == 6
     other[0] += 1
     assert PrefixCache._common(rows, other) == 0
+
+
+def test_where_a_prompts_numbers_differ_the_last_positions_run_as_a_prompt() -> None:
+    """On the amx path a prompt's integer products run on bfloat16 tiles and a lone row's on the
+    int8 kernels (``Stack.prompt_rows``): the same sentence said again keeps all of its prompt but
+    the last position, which must then run with the positions before it as a prompt, as in the
+    first run, or its numbers (and on random weights its codes) would not be the first run's.
+    Here the rule is forced on whatever path runs, and the rows of each call counted."""
+    engine = _engine("native", "int8")
+    try:
+        runtime = engine.runtime
+        assert runtime is not None and runtime.prefixes is not None
+        stack = runtime.talker.model
+        assert stack.native is not None and stack.native_prompt
+        rows: list[int] = []
+        run = stack.run
+
+        def counted(x: Any, *args: Any, **kwargs: Any) -> Any:
+            rows.append(int(x.shape[1]))
+            return run(x, *args, **kwargs)
+
+        stack.run = counted  # type: ignore[method-assign]
+        request = _request(engine, "The kettle is boiling.")
+        with torch.inference_mode():
+            prompt = engine.prepare(request)[0].prefill
+            n = prompt.shape[1]
+            runtime.ensure_capacity(n + 1)
+            for prompt_rows, want in ((0, 1), (5, 5)):
+                stack.native.prompt_rows = prompt_rows
+                runtime.prefixes.clear()
+                runtime.prefill(prompt)  # whole, kept
+                rows.clear()
+                runtime.prefill(prompt)  # kept but its last position
+                assert sum(rows) == want, (prompt_rows, rows, n)
+    finally:
+        engine.close_blocking()

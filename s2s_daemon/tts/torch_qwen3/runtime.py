@@ -215,6 +215,9 @@ class TalkerRuntime:
         n = embeds.shape[1]
         prefixes = self.prefixes
         done = prefixes.restore(embeds[0], cache) if prefixes is not None else 0
+        native = self.talker.model.native
+        if native is not None and self.talker.model.native_prompt and 0 < n - done < native.prompt_rows:
+            done = max(0, n - native.prompt_rows)  # the last positions as a prompt, as when none was kept
         h = self.talker.model.run(embeds[:, done:], self._cos[done:n], self._sin[done:n], cache, done)
         if prefixes is not None:
             prefixes.keep(embeds[0], cache)

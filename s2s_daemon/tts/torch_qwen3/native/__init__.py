@@ -287,6 +287,10 @@ class Kernels:
         self.MAX_BLOCKED_ROWS = int(lib.s2s_max_blocked_rows())
         """Input rows up to which a product runs in the library (a register-blocked one beyond
         ``MAX_STREAM_ROWS``); beyond, blocks of widened weight rows go to ``torch.mm``."""
+        self.PROMPT_ROWS = self.MAX_STREAM_ROWS + 1 if isa == "amx" else 0
+        """Where a prompt's products of integer weights give other numbers than a lone row's (amx:
+        bfloat16 tiles, not int8 ones), the fewest rows that take the prompt's products; 0 where
+        the numbers are the same (``Stack.prompt_rows``)."""
         self._linear = lib.s2s_linear
         self._widen = lib.s2s_widen
 
@@ -505,6 +509,11 @@ class Stack:
         self._handle = handle
         self._keep = keep
         self._hidden, self._kv_heads, self._head_dim = dims.hidden, dims.kv_heads, dims.head_dim
+        self.prompt_rows = kernels.PROMPT_ROWS if any(layer[0].fmt in ("int8", "int4") for layer in layers) else 0
+        """Positions of a prompt that run together at least (``runtime``'s ``_run_prompt``): where the
+        prompt's products give other numbers than a lone row's (``Kernels.PROMPT_ROWS``), a
+        position's numbers would otherwise depend on how much of its prompt was kept, and the same
+        request said again would not give the same codes; 0 where they do not."""
         self.max_rows = kernels.MAX_BLOCKED_ROWS
         """Positions a call takes: up to ``kernels.MAX_STREAM_ROWS`` stream each weight once, more (a
         prompt) run the register-blocked products (integer weights: the same kernels on tiles of
