@@ -105,8 +105,8 @@ enum ScratchSlot {
   kScratchStack,  // stack.inc's activations (one buffer, carved up)
   kScratchPairs,  // the i8mm path's stream: the quantized input rows in pairs (arm.inc)
   kScratchI4,     // the x86 stream: the quantized input as the 4-bit pair kernels read it
-  kScratchAmx,    // the amx path's prompt product: the quantized input in its tiles' order
-  kScratchAmxWeights,  // the amx path's prompt product: 4-bit weight rows unpacked to bytes
+  kScratchAmx,    // the amx path's prompt product: the input as bfloat16, in its tiles' order
+  kScratchAmxWeights,  // the amx path's prompt product: 32 weight rows widened to bfloat16
   kScratchSlots
 };
 void* scratch(int slot, int64_t bytes);
