@@ -6,7 +6,10 @@ Forms (``--forms``, comma-separated; the first is the reference the others are c
 - ``float32``: float32 weights, as the engine loads them with ``codec_dtype: float32``;
 - ``bfloat16``: bfloat16 matrix weights with float32 activations (``codec_dtype: bfloat16``, what
   ``auto`` takes on a CPU with bfloat16 dot products): few-column products on the native kernels,
-  many-column ones on oneDNN's bfloat16 dot products;
+  many-column ones on oneDNN's bfloat16 dot products, its convs on weights oneDNN packed at load
+  (``CodecDecoder.pack_onednn``);
+- ``bfloat16-plain``: ``bfloat16`` with the convs' weights in their plain layout, which oneDNN
+  lays out anew on every call (the form before ``pack_onednn``);
 - ``blocked``: float32 with every few-column GEMM of up to 64 rows on the native kernels (the form
   before ``native_row_limit`` sent those of more than 4 rows to the BLAS where it is the faster);
 - ``oneDNN``: ``blocked`` with the convs of many columns through oneDNN's convolution on a
@@ -19,8 +22,10 @@ Forms (``--forms``, comma-separated; the first is the reference the others are c
 
 Streams random codes through each form (native kernels on, as the engine loads them), one stream
 per form with their pushes alternating so that the machine's drift falls on all alike: a 20-frame
-warm start, then ``--pushes`` pushes of each chunk size. Prints milliseconds per frame, each form's
-ratio to the first push by push, and the quality of its audio against the first form's
+warm start, then ``--pushes`` pushes of each chunk size. Then ``--rounds`` x ``--pushes`` first
+pushes of a new stream, one frame each (an utterance's first chunk, the state empty), forms
+alternating. Prints milliseconds per frame, each form's ratio to the first push by push, and the
+quality of its audio against the first form's
 (``quality.compare``: SNR and mean log-mel difference, pass or FAIL against the guard's
 thresholds). With a real checkpoint this is the guard on real weights. Run it on a quiet machine:
 on a shared one the ratios still hold roughly (pushes alternate), the milliseconds do not.
@@ -41,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from s2s_daemon.bench.machine import machine_line
 from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table
 
-FORMS = ("float32", "bfloat16", "blocked", "oneDNN")
+FORMS = ("float32", "bfloat16", "bfloat16-plain", "blocked", "oneDNN")
 
 
 def main() -> int:
@@ -80,10 +85,13 @@ def main() -> int:
           f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}")  # fmt: skip
     decoders: dict[str, Any] = {}
     for name in forms:
-        weights = torch.bfloat16 if name == "bfloat16" else torch.float32
+        low = name.startswith("bfloat16")
+        weights = torch.bfloat16 if low else torch.float32
         decoder = codec_mod.CodecDecoder.from_folder(folder, "cpu", torch.float32, weights)
-        native.pack_linears(decoder, "bfloat16" if name == "bfloat16" else "float32", ext)  # as the engine does
+        native.pack_linears(decoder, "bfloat16" if low else "float32", ext)  # as the engine does
         decoder.use_native(ext)
+        if name != "bfloat16-plain":
+            decoder.pack_onednn()
         if name in ("blocked", "oneDNN"):  # every few-row GEMM of up to 64 rows on the native kernels
             for module in decoder.modules():
                 if isinstance(module, (codec_mod.CausalConv1d, codec_mod.CausalConvTranspose1d)):
@@ -146,6 +154,7 @@ def main() -> int:
                     row[5:] = [f"{statistics.median(ratios):.2f}x ({rq[0]:.2f}-{rq[2]:.2f})", str(verdict)]
                 print(line)
                 rows.append(row)
+        first_push(decoders, first, args, rows)
     finally:
         codec_mod.CausalConv1d._conv = taps_conv  # type: ignore[method-assign]
     guard = f"guard: SNR >= {quality.MIN_SNR_DB:.0f} dB and log-mel <= {quality.MAX_LOG_MEL_DB:.1f} dB against {first}"
@@ -157,11 +166,44 @@ def main() -> int:
             "The codec decoder: its forms side by side",
             markdown_table(header, rows, "rlrrrrl"),
             f"{args.threads} threads, {args.rounds} rounds of a 20-frame warm start then {args.pushes} pushes per"
-            " chunk size, the forms' pushes alternating. bfloat16: the decoder's weights and activations in"
-            " bfloat16 (SnakeBeta in float32); blocked: every few-column GEMM of up to 64 rows on the native"
-            f" kernels; oneDNN: that and the convs of many columns through oneDNN's convolution. {guard}.",
+            " chunk size, the forms' pushes alternating. bfloat16: the decoder's matrix weights in bfloat16,"
+            " activations in float32, the convs on weights oneDNN packed at load (bfloat16-plain: in their plain"
+            " layout, which oneDNN lays out anew on every call); blocked: every few-column GEMM of up to 64 rows"
+            " on the native kernels; oneDNN: that and the convs of many columns through oneDNN's convolution;"
+            f" first: a new stream's first push of one frame. {guard}.",
         )
     return 0
+
+
+def first_push(decoders: dict[str, Any], first: str, args: argparse.Namespace, rows: list[list[object]]) -> None:
+    """A new stream's first push of one frame per form, ``args.rounds * args.pushes`` times, forms
+    alternating: milliseconds and each form's ratio to ``first``'s, push by push (no audio check:
+    the streamed pushes above have it)."""
+    import torch
+
+    cfg = decoders[first].cfg
+    generator = torch.Generator().manual_seed(1)
+    times: dict[str, list[float]] = {name: [] for name in decoders}
+    for _ in range(args.rounds * args.pushes):
+        codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers), generator=generator)
+        for name, decoder in decoders.items():
+            stream = decoder.stream()
+            start = time.perf_counter()
+            stream.push(codes)
+            times[name].append((time.perf_counter() - start) * 1000)
+    print("a new stream's first push of 1 frame:")
+    for name, values in times.items():
+        q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+        median, quartiles, least = f"{statistics.median(values):.1f}", f"{q[0]:.1f}-{q[2]:.1f}", f"{min(values):.1f}"
+        line = f"  {name:>8}: {median:>6} ms (quartiles {quartiles}, least {least})"
+        row: list[object] = ["first", name, median, quartiles, least, None, None]
+        if name != first:
+            ratios = [b / a for a, b in zip(times[first], values, strict=True)]
+            rq = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+            line += f"; / {first} push by push {statistics.median(ratios):.2f}x ({rq[0]:.2f}-{rq[2]:.2f})"
+            row[5] = f"{statistics.median(ratios):.2f}x ({rq[0]:.2f}-{rq[2]:.2f})"
+        print(line)
+        rows.append(row)
 
 
 if __name__ == "__main__":

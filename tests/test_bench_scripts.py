@@ -204,7 +204,7 @@ def test_bench_first_chunk_on_the_tiny_checkpoint_publishes_each_part_of_both_ca
         run, total = (int(n) for n in positions.split(" of "))
         # A kept voice runs fewer positions than its whole prompt; a new one runs them all.
         assert (run == total) if case == "new voice" else (0 < run < total), (fmt, case, positions)
-        first, prepare, prefill, predictor, codec, rest = (float(c) for c in cells)
+        first, prepare, prefill, predictor, codec, _rest = (float(c) for c in cells)
         assert min(prepare, prefill, predictor, codec) >= 0 and first >= 0
         assert prepare + prefill + predictor + codec <= first + 2  # parts of one chunk (medians apart)
 
@@ -231,3 +231,30 @@ def test_bench_isa_on_the_tiny_checkpoint_publishes_each_path_beside_the_fastest
         ("int8", "generic"), ("int8", widest), ("int4", "generic"), ("int4", widest)
     ]  # fmt: skip
     assert "Goal (int4 and int8 on avx2) not measured in this run." in done.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_bench_codec_on_the_tiny_checkpoint_publishes_each_form_and_a_new_streams_first_push(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from s2s_daemon.tts.torch_qwen3 import native
+
+    if native.why_not_here() is not None:
+        pytest.skip(f"no native kernels here: {native.why_not_here()}")
+    page = scratch_page(tmp_path)
+    forms = ("float32", "bfloat16", "bfloat16-plain")
+    done = run_script(
+        "bench_codec.py", str(TINY), "--forms", ",".join(forms), "--chunks", "1,4", "--rounds", "1",
+        "--pushes", "2", "--threads", "1", page=page,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section_of(page, "codec").splitlines()]
+    rows = [r for r in rows if r and r[0] in ("1", "4", "first")]
+    assert [(r[0], r[1]) for r in rows] == [(n, f) for n in ("1", "4", "first") for f in forms]
+    for chunk, form, median, *_, ratio, audio in rows:
+        assert float(median) > 0
+        assert (ratio == "-") == (form == "float32"), (chunk, form, ratio)
+        # each form's streamed audio within the guard against float32; a first push has no audio column
+        assert audio == "-" if chunk == "first" or form == "float32" else audio.endswith("pass"), (chunk, form, audio)

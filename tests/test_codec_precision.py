@@ -44,6 +44,7 @@ def _decoder(folder: Path, weights: Any, ext: Any) -> CodecDecoder:
     decoder = CodecDecoder.from_folder(folder, "cpu", torch.float32, weights)
     native.pack_linears(decoder, "bfloat16" if weights == torch.bfloat16 else "float32", ext)
     decoder.use_native(ext)
+    decoder.pack_onednn()
     return decoder
 
 
@@ -93,6 +94,14 @@ def test_every_auto_path_passes_on_a_random_released_shape_decoder(ext: Any, rel
     for weights in AUTO_PATHS - {torch.float32}:
         decoder = _decoder(released_shapes, weights, ext)
         assert decoder.weights_dtype() == weights
+        if weights == torch.bfloat16 and codec_mod.LOW_CONV_ONEDNN and torch.backends.mkldnn.is_available():
+            # oneDNN's layout, for one frame's columns: pre_conv (12.5 Hz), the first decoder conv
+            # (50 Hz), at the four upsampled stages (8x, 5x, 4x, 3x) three residual units of two
+            # convs each, and the last conv; the depthwise ones stay convolutions of their own
+            convs = [m for m in decoder.modules() if isinstance(m, codec_mod.CausalConv1d)]
+            packed = sorted(m.onednn_columns for m in convs if m.weight_onednn is not None)
+            assert packed == [1, 4] + [32] * 6 + [160] * 6 + [640] * 6 + [1920] * 7
+            assert all(m.weight_low is None for m in convs if m.weight_onednn is not None)
         for chunk in (4, 12):
             _assert_guarded(expected, _streamed(decoder, codes, chunk), f"{weights}, pushes of {chunk}")
 

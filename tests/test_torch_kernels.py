@@ -47,18 +47,23 @@ def test_causal_conv_gemm_path_equals_the_convolution(
     torch.testing.assert_close(streamed, expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("onednn", [False, True], ids=["stacked-taps", "onednn-conv"])
+@pytest.mark.parametrize("path", ["stacked-taps", "onednn-conv", "onednn-packed"])
 @pytest.mark.parametrize(
     ("kernel", "dilation", "columns"), [(7, 1, 200), (7, 9, 90), (3, 1, 70), (1, 1, 80), (7, 3, 12)]
 )
 @torch.inference_mode()
 def test_bfloat16_conv_of_many_columns_either_way(
-    kernel: int, dilation: int, columns: int, onednn: bool, monkeypatch: pytest.MonkeyPatch
+    kernel: int, dilation: int, columns: int, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bfloat16-weight conv with float32 activations (the bfloat16 codec decoder) past the few-row
     kernels: as products of stacked taps or as oneDNN's bfloat16 convolution (``LOW_CONV_ONEDNN``,
-    x86-64), what the float32 convolution gives on the input and weights rounded to bfloat16, within
-    the rounding of the sums to bfloat16; streamed in two pieces, the same."""
+    x86-64), on the plain weight or on the one oneDNN packed for blocks of 16 columns (a batch of
+    blocks, the last one padded), what the float32 convolution gives on the input and weights
+    rounded to bfloat16, within the rounding of the sums to bfloat16; streamed in two pieces, the
+    same."""
+    onednn = path != "stacked-taps"
+    if path == "onednn-packed" and not torch.backends.mkldnn.is_available():
+        pytest.skip("torch has no oneDNN here")
     monkeypatch.setattr(codec_mod, "LOW_CONV_ONEDNN", onednn)
     torch.manual_seed(2)
     layer = CausalConv1d(64, 40, kernel, dilation=dilation)
@@ -70,11 +75,16 @@ def test_bfloat16_conv_of_many_columns_either_way(
     kept = layer.weight_low if onednn else layer.weight_taps
     assert kept is not None and kept.dtype == torch.bfloat16
     assert (layer.weight_taps is None) == onednn
+    if path == "onednn-packed":
+        assert layer.pack_onednn(16)
+        assert layer.weight_low is None and layer.weight_onednn is not None and layer.conv.weight.is_mkldnn
     torch.testing.assert_close(layer(x), expected, rtol=1e-2, atol=1e-2)
     state: dict[int, torch.Tensor] = {}
     split = columns // 2
     streamed = torch.cat([layer(x[..., :split], state), layer(x[..., split:], state)], dim=-1)
     torch.testing.assert_close(streamed, expected, rtol=1e-2, atol=1e-2)
+    if path == "onednn-packed":
+        return  # packed where no push takes the native kernels: its plain weight is gone
     # A few columns on the native kernels (float32 rows, bfloat16 weights), in either weight layout.
     from s2s_daemon.tts.torch_qwen3 import native
 

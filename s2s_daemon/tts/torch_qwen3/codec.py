@@ -167,6 +167,20 @@ def _low_mm(weight: Tensor, columns: Tensor) -> Tensor:
     return torch.matmul(weight, columns.to(weight.dtype)).float()
 
 
+def _onednn_here() -> bool:
+    """Whether this torch has oneDNN (``CausalConv1d.pack_onednn``)."""
+    return bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
+
+
+def _onednn_conv(x: Tensor, packed: Tensor, dilation: int) -> Tensor:
+    """oneDNN's convolution of ``x`` [batch, in, 1, columns] (bfloat16) by a weight it packed
+    (``CausalConv1d.pack_onednn``), dilated along the columns, no padding, no bias."""
+    out: Tensor = torch.ops.mkldnn._convolution_pointwise(
+        x, packed, None, [0, 0], [1, 1], [1, dilation], 1, "none", [], ""
+    )
+    return out
+
+
 CODEC_WEIGHTS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """The CPU decoder's matrix weights (``EngineOptions.extra['codec_dtype']``, ``auto`` by default)."""
 BF16_DOT_FLAGS = {"x86_64": ("avx512_bf16", "amx_bf16"), "aarch64": ("bf16",)}
@@ -260,6 +274,13 @@ class CausalConv1d(nn.Module):
         self.weight_low: Tensor | None = None
         """A bfloat16 weight kept in the conv's own layout ``[out, in, kernel]`` (``relayout`` where
         ``LOW_CONV_ONEDNN``) for ``_onednn_low_conv``; ``weight_taps`` is then None."""
+        self.weight_onednn: Tensor | None = None
+        """``weight_low`` in oneDNN's own blocked layout for this CPU and a convolution of
+        ``onednn_columns`` output columns (``pack_onednn``), which it reads as it is; given the
+        plain layout, oneDNN lays the whole weight out anew on every call. None: not packed."""
+        self.onednn_columns = 0
+        """The output columns of each convolution on ``weight_onednn``: oneDNN's layout depends on
+        them, so a push runs in blocks of this many (the last one padded)."""
 
     def relayout(self) -> None:
         """Store the weight tap-major (``weight_taps``) for the GEMM paths, or a bfloat16 weight as it
@@ -290,6 +311,8 @@ class CausalConv1d(nn.Module):
         taps = self.weight_taps
         if padded.shape[-1] == self.context:  # no new columns (the convolution refuses them)
             return padded.new_zeros(padded.shape[0], conv.out_channels, 0)
+        if self.weight_onednn is not None and padded.dtype == torch.float32:
+            return self._packed_conv(padded, self.weight_onednn)
         if self.weight_low is not None and padded.dtype == torch.float32:
             return self._onednn_low_conv(padded, self.weight_low)
         if taps is not None and taps.dtype == torch.bfloat16 and padded.dtype == torch.float32:
@@ -331,6 +354,44 @@ class CausalConv1d(nn.Module):
         bias = self.conv.bias
         out = F.conv1d(padded.to(weight.dtype), weight, None, dilation=self.conv.dilation[0]).float()
         return out if bias is None else out.add_(bias[None, :, None])
+
+    def _packed_conv(self, padded: Tensor, packed: Tensor) -> Tensor:
+        """``_onednn_low_conv`` on the weight oneDNN packed (``weight_onednn``): the columns cut
+        into blocks of ``onednn_columns`` (the size it was packed for; the last block padded with
+        zeros), each block with its ``context`` columns before it, and the blocks run as one
+        batch. With another number of columns oneDNN may want another layout and re-lay the
+        packed weight on every call; a batch's size leaves its layout as it is."""
+        batch, t = padded.shape[0], padded.shape[-1] - self.context
+        block = self.onednn_columns
+        blocks = -(-t // block)
+        x = padded.to(torch.bfloat16)
+        if blocks * block > t:
+            x = F.pad(x, (0, blocks * block - t))
+        pieces = x.unfold(-1, block + self.context, block)  # [batch, in, blocks, block + context]
+        pieces = pieces.transpose(1, 2).reshape(batch * blocks, x.shape[1], 1, block + self.context)
+        y = _onednn_conv(pieces, packed, self.conv.dilation[0])  # [batch * blocks, out, 1, block]
+        y = y.view(batch, blocks, -1, block).transpose(1, 2).reshape(batch, -1, blocks * block)
+        out = y[..., :t].float()
+        bias = self.conv.bias
+        return out if bias is None else out.add_(bias[None, :, None])
+
+    def pack_onednn(self, columns: int) -> bool:
+        """Give oneDNN ``weight_low`` in its own layout for convolutions of ``columns`` output
+        columns on this CPU (``weight_onednn``), in its place: the conv's weight becomes that
+        tensor, the plain one is freed, and the native kernels no longer take its few-column pushes.
+        Each column's sums are oneDNN's as before; what goes is the re-layout of the whole weight on
+        every call, which took longer than the convolution itself (``scripts/bench_codec.py``).
+        False where there is no ``weight_low`` or torch has no oneDNN."""
+        w = self.weight_low
+        if w is None or not _onednn_here():
+            return False
+        shape = [1, w.shape[1], 1, columns + self.context]
+        packed = torch._C._nn.mkldnn_reorder_conv2d_weight(  # type: ignore[call-arg]  # input_size: not in torch's stub
+            w.unsqueeze(2).to_mkldnn(), [0, 0], [1, 1], [1, self.conv.dilation[0]], 1, shape
+        )
+        self.weight_onednn, self.onednn_columns, self.weight_low, self.ext = packed, columns, None, None
+        self.conv.weight = nn.Parameter(packed, requires_grad=False)
+        return True
 
     def gemm_weight(self) -> Tensor | None:
         """The weight as the native GEMM reads it, ``[out, taps * in]`` in the order its input rows
@@ -907,6 +968,33 @@ class CodecDecoder(nn.Module):
                 module.use_native(ext)
                 count += 1
         return count
+
+    def pack_onednn(self) -> int:
+        """Give the convs kept for oneDNN's bfloat16 convolution (``weight_low``) their weight in
+        oneDNN's layout for one frame's columns, in place of the plain one
+        (``CausalConv1d.pack_onednn``); returns how many. Call after ``use_native``, on the CPU: the
+        columns a frame gives each conv are counted on a one-frame push. Every push of these convs
+        then runs on oneDNN, those of a few columns too (the native kernels took them before: as
+        fast for one frame, and a four-frame push of the 50 Hz stage no longer lays out its weight)."""
+        convs = [m for m in self.modules() if isinstance(m, CausalConv1d) and m.weight_low is not None]
+        if not convs or not _onednn_here():
+            return 0
+        columns: dict[int, int] = {}
+
+        def count(module: nn.Module, args: tuple[Any, ...]) -> None:
+            columns.setdefault(id(module), int(args[0].shape[-1]))
+
+        hooks = [m.register_forward_pre_hook(count) for m in convs]
+        try:
+            with torch.inference_mode():
+                self.stream().push(torch.zeros(1, self.num_quantizers, dtype=torch.long))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        packed = sum(m.pack_onednn(columns[id(m)]) for m in convs)
+        if packed:
+            log.info("codec_onednn_packed", convs=packed, of=len(convs))
+        return packed
 
     # ---------------------------------------------------------------- running
 

@@ -399,6 +399,7 @@ class TorchQwen3Engine:
 
             pack_linears(codec, "bfloat16" if weights == torch.bfloat16 else "float32", ext)
             codec.use_native(ext)
+            codec.pack_onednn()
         small_batch_linears(codec)
         return codec
 
