@@ -57,10 +57,10 @@ def test_bfloat16_conv_of_many_columns_either_way(
 ) -> None:
     """A bfloat16-weight conv with float32 activations (the bfloat16 codec decoder) past the few-row
     kernels: as products of stacked taps or as oneDNN's bfloat16 convolution (``LOW_CONV_ONEDNN``,
-    x86-64), on the plain weight or on the one oneDNN packed for blocks of 16 columns (a batch of
-    blocks, the last one padded), what the float32 convolution gives on the input and weights
-    rounded to bfloat16, within the rounding of the sums to bfloat16; streamed in two pieces, the
-    same."""
+    x86-64), on the plain weight or on the one oneDNN packed for blocks of 16 columns (up to four
+    blocks as a batch, the last one padded; more as one convolution on the weight laid out plainly
+    again), what the float32 convolution gives on the input and weights rounded to bfloat16, within
+    the rounding of the sums to bfloat16; streamed in two pieces, the same."""
     onednn = path != "stacked-taps"
     if path == "onednn-packed" and not torch.backends.mkldnn.is_available():
         pytest.skip("torch has no oneDNN here")

@@ -127,6 +127,12 @@ blocks in the heap: smaller blocks lower the peak RSS and cost the products a li
 the codec's own thread (``codec_overlap``) mostly hides; the memory was chosen."""
 
 
+PACKED_MAX_BLOCKS = 4
+"""The most blocks a push runs as one batch on a packed weight (``CausalConv1d._packed_conv``):
+a larger push (more frames than the daemon's chunks of four) runs as one convolution on the weight
+laid out plainly again, which its many columns repay (as a batch of small blocks it took 1.1-1.3x
+the time at 8-16 frames, ``scripts/bench_codec.py``)."""
+
 LOW_CONV_ONEDNN = platform.machine().lower() in ("x86_64", "amd64")
 """Whether a bfloat16-weight conv keeps its weight in the conv's layout and runs its many-column
 pushes as oneDNN's bfloat16 convolution (x86-64: ``CausalConv1d._onednn_low_conv``) rather than
@@ -365,6 +371,11 @@ class CausalConv1d(nn.Module):
         block = self.onednn_columns
         blocks = -(-t // block)
         x = padded.to(torch.bfloat16)
+        bias = self.conv.bias
+        if blocks > PACKED_MAX_BLOCKS:
+            plain = packed.to_dense().squeeze(2)
+            out = F.conv1d(x, plain, None, dilation=self.conv.dilation[0]).float()
+            return out if bias is None else out.add_(bias[None, :, None])
         if blocks * block > t:
             x = F.pad(x, (0, blocks * block - t))
         pieces = x.unfold(-1, block + self.context, block)  # [batch, in, blocks, block + context]
@@ -372,7 +383,6 @@ class CausalConv1d(nn.Module):
         y = _onednn_conv(pieces, packed, self.conv.dilation[0])  # [batch * blocks, out, 1, block]
         y = y.view(batch, blocks, -1, block).transpose(1, 2).reshape(batch, -1, blocks * block)
         out = y[..., :t].float()
-        bias = self.conv.bias
         return out if bias is None else out.add_(bias[None, :, None])
 
     def pack_onednn(self, columns: int) -> bool:
