@@ -219,14 +219,27 @@ for cpu in range(os.cpu_count() or 1):
   S2S_EMULATION_FLAGS=(-v "$1/cpuinfo:/proc/cpuinfo:ro")
 }
 
-# s2s_free_ports N: N loopback TCP ports free now, on one line.
+# s2s_free_ports N: N loopback TCP ports free now, on one line, drawn below the kernel's ephemeral
+# range (ip_local_port_range): a port from that range (what bind to port 0 gives) can be taken
+# by any outgoing connection's source port before the check listens on it (a CI run's broker
+# failed so: "Address already in use", the arm64 image's and add-on's checks running at once).
 s2s_free_ports() {
   python3 -c '
-import socket, sys
-socks = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in socks))
+import random, socket, sys
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+ports, tries = [], 0
+while len(ports) < int(sys.argv[1]):
+    tries += 1
+    port = random.randrange(10000, low) if low > 11000 and tries < 1000 else 0
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        port = s.getsockname()[1]
+    if port not in ports:
+        ports.append(port)
+print(*ports)
 ' "$1"
 }
 

@@ -153,14 +153,20 @@ fi
 
 # --- a broker, the container ----------------------------------------------------------------
 
-read -r MQTT_PORT HTTP_PORT WYOMING_PORT < <(s2s_free_ports 3)
-printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "$MQTT_PORT" >"$WORK/mosquitto.conf"
-"$MOSQUITTO" -c "$WORK/mosquitto.conf" >"$WORK/mosquitto.log" 2>&1 &
-pids+=($!)
+# A port taken between its choice and the broker's start (another process's): a new one, three tries.
 broker=
-for _ in $(seq 150); do
-  if mosquitto_pub -p "$MQTT_PORT" -t s2s-check/ping -n 2>/dev/null; then broker=up; break; fi
-  sleep 0.1
+for _ in 1 2 3; do
+  read -r MQTT_PORT HTTP_PORT WYOMING_PORT < <(s2s_free_ports 3)
+  printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "$MQTT_PORT" >"$WORK/mosquitto.conf"
+  "$MOSQUITTO" -c "$WORK/mosquitto.conf" >"$WORK/mosquitto.log" 2>&1 &
+  broker_pid=$!
+  pids+=("$broker_pid")
+  for _ in $(seq 150); do
+    if mosquitto_pub -p "$MQTT_PORT" -t s2s-check/ping -n 2>/dev/null; then broker=up; break; fi
+    kill -0 "$broker_pid" 2>/dev/null || break  # exited: the port was taken
+    sleep 0.1
+  done
+  [ -z "$broker" ] || break
 done
 if [ -z "$broker" ]; then
   cat "$WORK/mosquitto.log"
