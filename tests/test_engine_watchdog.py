@@ -164,6 +164,28 @@ async def test_the_utterance_time_limit_counts_engine_time_over_all_its_sentence
     await worker.close()
 
 
+async def test_a_time_limit_shorter_than_the_wait_for_the_engine_thread_is_not_a_stall() -> None:
+    """A stream queued behind another engine call spends none of its time limit while it waits:
+    it fails when its own engine time runs out, with the time limit's error (it failed with the
+    stall's at once when the limit was shorter than the wait for the thread)."""
+    engine = HangingEngine(before=1000, after=0, chunk_s=0.02, hang=False)  # never ends by itself
+    worker = EngineWorker(engine, stall_timeout_s=5, max_utterance_s=0.1)  # type: ignore[arg-type]
+    busy = threading.Event()
+    worker._pool.submit(lambda: (busy.set(), time.sleep(0.4)))  # the thread busy with another call
+    busy.wait()
+    began = time.monotonic()
+    chunks = 0
+    with pytest.raises(EngineTimeout, match=r"time limit of one utterance \(0\.1 s"):
+        async for _ in worker.stream(REQUEST, lambda: False):
+            chunks += 1
+    took = time.monotonic() - began
+    assert 0.45 < took < 3, took  # the wait for the thread, then its own 0.1 s
+    assert chunks >= 1
+    await until(lambda: not worker._watch.pending(), what="the watch's verdict")
+    assert worker.wedged is None
+    await worker.close()
+
+
 async def test_the_stage_answers_a_hung_request_once_and_serves_the_next(tmp_path: Path) -> None:
     """Through the TTS stage and the ledger: the hung request ends ``error`` / ``engine_error``
     once, with the message; the one after it completes."""

@@ -31,6 +31,10 @@ STREAM_AHEAD = 8
 SUSPENDED_S = 0.5
 """A wait whose timeout fires this much late means the whole process was held up, not the engine."""
 
+BUDGET_WAIT_S = 0.005
+"""The shortest wait for what is left of an utterance's time limit: a stream queued for the engine
+thread spends none of it, and is not polled faster than this."""
+
 _END = object()
 
 
@@ -244,7 +248,12 @@ class ChunkStream(abc.ABC):
 
     async def get(self, stall_timeout_s: float | None = None) -> Samples | None:
         """The next chunk; None at the end; re-raises the engine's exception. ``EngineTimeout``
-        when no chunk comes for ``stall_timeout_s`` or the utterance is past its time limit."""
+        when no chunk comes for ``stall_timeout_s`` or the utterance is past its time limit.
+
+        The time limit counts engine time only: a wait cut short by what is left of it ends in
+        an error only when the engine did spend it; one queued for the engine thread waits on
+        (up to ``stall_timeout_s`` in all)."""
+        stall_at = None if stall_timeout_s is None else self._loop.time() + stall_timeout_s
         while True:
             with self._lock:
                 if self._items:
@@ -263,11 +272,11 @@ class ChunkStream(abc.ABC):
                 if (late := self.over_budget()) is not None:
                     raise late
                 return chunk
-            timeout = stall_timeout_s
+            deadline = stall_at
             if self.budget.limit_s is not None:
-                left = max(0.0, self.budget.limit_s - self.engine_time_s())
-                timeout = left if timeout is None else min(timeout, left)
-            deadline = None if timeout is None else self._loop.time() + timeout
+                left = max(BUDGET_WAIT_S, self.budget.limit_s - self.engine_time_s())
+                at = self._loop.time() + left
+                deadline = at if deadline is None else min(deadline, at)
             try:
                 async with asyncio.timeout_at(deadline):
                     await waiter
@@ -279,13 +288,17 @@ class ChunkStream(abc.ABC):
                 if arrived:  # it came just as the time ran out
                     continue
                 assert deadline is not None
-                if self._loop.time() - deadline > SUSPENDED_S:
+                now = self._loop.time()
+                if now - deadline > SUSPENDED_S:
                     # The event loop itself was held up (SIGSTOP, a machine asleep, starved of
                     # CPU): the engine thread was too, and is not the one to blame. Wait again.
-                    log.info("engine_wait_resumed", late_s=round(self._loop.time() - deadline, 2))
+                    log.info("engine_wait_resumed", late_s=round(now - deadline, 2))
+                    stall_at = None if stall_timeout_s is None else now + stall_timeout_s
                     continue
                 if (late := self.over_budget()) is not None:
                     raise late from None
+                if stall_at is None or now < stall_at:
+                    continue  # the time limit's share ran out while the engine had not run it
                 raise EngineTimeout(
                     f"the engine made no audio for {stall_timeout_s:g} s (tts.stall_timeout_s)"
                 ) from None
