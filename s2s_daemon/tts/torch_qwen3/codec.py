@@ -370,12 +370,9 @@ class CausalConv1d(nn.Module):
         batch, t = padded.shape[0], padded.shape[-1] - self.context
         block = self.onednn_columns
         blocks = -(-t // block)
-        x = padded.to(torch.bfloat16)
-        bias = self.conv.bias
         if blocks > PACKED_MAX_BLOCKS:
-            plain = packed.to_dense().squeeze(2)
-            out = F.conv1d(x, plain, None, dilation=self.conv.dilation[0]).float()
-            return out if bias is None else out.add_(bias[None, :, None])
+            return self._onednn_low_conv(padded, packed.to_dense().squeeze(2))
+        x = padded.to(torch.bfloat16)
         if blocks * block > t:
             x = F.pad(x, (0, blocks * block - t))
         pieces = x.unfold(-1, block + self.context, block)  # [batch, in, blocks, block + context]
@@ -383,6 +380,7 @@ class CausalConv1d(nn.Module):
         y = _onednn_conv(pieces, packed, self.conv.dilation[0])  # [batch * blocks, out, 1, block]
         y = y.view(batch, blocks, -1, block).transpose(1, 2).reshape(batch, -1, blocks * block)
         out = y[..., :t].float()
+        bias = self.conv.bias
         return out if bias is None else out.add_(bias[None, :, None])
 
     def pack_onednn(self, columns: int) -> bool:
