@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -35,6 +36,7 @@ from s2s_daemon.pipeline.voice_edits import VoiceEditError, add_voice, read_audi
 from tests.support.broker import Mosquitto, free_port
 from tests.support.daemon import DaemonProcess, daemon_in_process, write_config
 from tests.support.mqtt import recorder
+from tests.support.wait import until
 from tests.test_http_speech import speech_api, wait_ready
 from tests.test_http_voices import REF_WAV
 from tests.test_web_api import _audio_file, _error, _form, recording, web_api
@@ -219,6 +221,48 @@ async def test_the_embedded_broker_bounds_packets_and_retained_messages(monkeypa
             await client.publish("kept/0", b"updated", qos=1, retain=True)  # an update of a kept topic
         kept = broker._broker.retained_messages
         assert sorted(kept) == [f"kept/{i}" for i in range(5)] and kept["kept/0"].data == b"updated"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning", "ignore::ResourceWarning")
+async def test_a_subscriber_joining_while_retained_messages_arrive_gets_each_once() -> None:
+    """amqtt keeps a retained message as it arrives and sends it on from a queue; a client that
+    subscribed in between got it twice (once kept, once sent on). Seven subscribers join during a
+    burst of retained messages, each when the broker has kept a further share of them."""
+    v311 = aiomqtt.ProtocolVersion.V311
+    count, joins = 900, range(100, 900, 130)  # under MAX_RETAINED
+    async with _embedded() as (port, broker):
+        kept = broker._broker.retained_messages
+        async with contextlib.AsyncExitStack() as stack:
+            publisher = await stack.enter_async_context(aiomqtt.Client("127.0.0.1", port, protocol=v311))
+
+            async def burst() -> None:
+                for i in range(count):
+                    await publisher.publish(f"burst/{i}", b"x", retain=True)
+                await publisher.publish("burst/end", b"end", qos=1)  # after all of them, not retained
+
+            def kept_at_least(share: int) -> bool:
+                return len(kept) >= share
+
+            sending = asyncio.create_task(burst())
+            subscribers = []
+            for share in joins:
+                await until(functools.partial(kept_at_least, share), 30, f"{share} kept", 0.001)
+                subscriber = await stack.enter_async_context(aiomqtt.Client("127.0.0.1", port, protocol=v311))
+                await subscriber.subscribe("burst/#")
+                subscribers.append(subscriber)
+            await sending
+            mixed = 0
+            for subscriber in subscribers:
+                topics, retained = [], 0
+                async with asyncio.timeout(30):
+                    async for message in subscriber.messages:
+                        if str(message.topic) == "burst/end":
+                            break
+                        topics.append(str(message.topic))
+                        retained += message.retain
+                assert sorted(topics) == sorted(f"burst/{i}" for i in range(count)), len(topics)
+                mixed += 0 < retained < count  # it joined during the burst: some kept, some sent on live
+            assert mixed  # the test saw the window it is about
 
 
 # -- what strangers see --------------------------------------------------------------------------

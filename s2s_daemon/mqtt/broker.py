@@ -11,7 +11,10 @@ a client such as ``mosquitto_pub -m`` sends PUBLISH and DISCONNECT and closes at
 writing those unsolicited messages to its closed socket draws a TCP reset, and the reset
 discards the PUBLISH still unread in the broker's receive buffer: the request is lost
 without a trace. ``_LoopbackBroker`` sends retained messages only for a subscription the
-client has just made, as MQTT 3.1.1 says ([MQTT-3.3.1-6]).
+client has just made, as MQTT 3.1.1 says ([MQTT-3.3.1-6]). It also keeps back a retained message
+still waiting in amqtt's broadcast queue: amqtt keeps a message when it arrives and sends it to the
+subscriptions of the moment it leaves that queue, so a client that subscribed in between got it twice
+(a subscriber joining as the daemon connects saw ``status`` ``online`` twice).
 
 amqtt also reads a packet of any declared length (up to MQTT's 256 MB) whole, and keeps every
 retained message in the daemon's memory. ``_LoopbackBroker`` closes a connection that announces a
@@ -48,11 +51,13 @@ MAX_RETAINED_BYTES = 16 * 1024 * 1024
 _HOOKS = (
     "_handle_subscription",
     "_publish_retained_messages_for_subscription",
+    "_get_handler",
+    "_matches",
     "retain_message",
     "stream_connected",
     "_client_connected",
 )
-"""amqtt's internals that ``_LoopbackBroker`` overrides (pyproject pins the releases that have them)."""
+"""amqtt's internals that ``_LoopbackBroker`` overrides or calls (pyproject pins the releases that have them)."""
 
 
 def _broker_class() -> type[Any]:
@@ -92,8 +97,23 @@ def _broker_class() -> type[Any]:
 
         async def _publish_retained_messages_for_subscription(self, subscription: Any, session: Any) -> None:
             # Called on SUBSCRIBE (send) and, for every filter in the broker, on each CONNECT (skip).
-            if _subscribing.get() is session:
-                await super()._publish_retained_messages_for_subscription(subscription, session)
+            if _subscribing.get() is not session:
+                return
+            handler = self._get_handler(session)
+            if handler is None:
+                return
+            # A message is kept when it arrives but goes out later, from the broadcast queue, to the
+            # subscriptions of that moment: one still queued reaches this new subscription from there.
+            waiting = getattr(getattr(self, "_broadcast_queue", None), "_queue", ())
+            queued = {(b["topic"], id(b["data"])) for b in waiting}
+            topic_filter, qos = subscription
+            sends = [
+                handler.mqtt_publish(kept.topic, kept.data, min(qos, kept.qos or qos), retain=True)
+                for topic, kept in list(self._retained_messages.items())
+                if self._matches(topic, topic_filter) and (topic, id(kept.data)) not in queued
+            ]
+            if sends:
+                await asyncio.wait([asyncio.ensure_future(send) for send in sends])
 
         async def stream_connected(
             self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener_name: str
