@@ -7,6 +7,10 @@ architecture. The extension is optional: without a C++ compiler the install stil
 engine uses torch's own kernels (it logs why). ``pip install -e .`` builds it in place; after
 editing its sources, ``python setup.py build_ext --inplace`` rebuilds it (a library built from other
 sources than the ones beside it is refused, not run).
+
+``S2S_KERNELS_LIBRARY=/path/_kernels.so`` takes a library built before from these same sources (its
+compiled-in digest is checked; another one stops the build) in place of compiling them: the container
+image builds the kernels in a layer of their own, which a change to the Python code leaves cached.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shutil
 import sys
 from pathlib import Path
 
@@ -59,7 +64,17 @@ class BuildKernels(build_ext):
         return []  # no PyInit_ function: ctypes finds the s2s_* functions by name
 
     def build_extension(self, ext: Extension) -> None:
-        """On aarch64, ``ISA_FLAGS``' units compiled one by one with their flags, then the rest."""
+        """``S2S_KERNELS_LIBRARY``'s library, if set; else on aarch64, ``ISA_FLAGS``' units compiled one
+        by one with their flags, then the rest."""
+        built = os.environ.get("S2S_KERNELS_LIBRARY")
+        if built:
+            digest = source_digest(NATIVE)
+            if digest.encode() not in Path(built).read_bytes():
+                raise SystemExit(f"S2S_KERNELS_LIBRARY={built} was not built from {NATIVE} (digest {digest[:16]})")
+            target = Path(self.get_ext_fullpath(ext.name))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(built, target)
+            return
         flags = isa_flags(getattr(self.compiler, "compiler_so", []))
         units = [src for src in ext.sources if Path(src).name in flags]
         if not units:

@@ -264,3 +264,26 @@ def test_an_install_without_a_compiler_still_succeeds_without_the_library(tmp_pa
         names = archive.namelist()
     assert "s2s_daemon/tts/torch_qwen3/native/__init__.py" in names
     assert not any(name.endswith("_kernels.so") for name in names)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_library_built_before_from_the_same_sources_is_taken_and_another_refused(tmp_path: Path) -> None:
+    """``S2S_KERNELS_LIBRARY`` (the container image's kernels layer): no compiler is run, the wheel
+    carries that library; one built from other sources stops the build."""
+    _library_or_skip()
+    tree, out = _tree(tmp_path), tmp_path / "dist"
+    out.mkdir()
+    no_compiler = {"CC": "/nonexistent/cc", "CXX": "/nonexistent/c++"}
+    built = REPO / "s2s_daemon" / "tts" / "torch_qwen3" / "native" / "_kernels.so"
+    done = _build(tree, "build_wheel", out, env={**no_compiler, "S2S_KERNELS_LIBRARY": str(built)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    wheel = out / done.stdout.strip().splitlines()[-1]
+    member = "s2s_daemon/tts/torch_qwen3/native/_kernels.so"
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read(member) == built.read_bytes()
+    (tree / "s2s_daemon" / "tts" / "torch_qwen3" / "native" / "kernels.h").write_text("// edited\n", "utf-8")
+    shutil.rmtree(tree / "build", ignore_errors=True)
+    refused = _build(tree, "build_wheel", tmp_path, env={**no_compiler, "S2S_KERNELS_LIBRARY": str(built)})
+    assert refused.returncode != 0 and "was not built from" in refused.stderr, refused.stderr[-3000:]
