@@ -184,8 +184,8 @@ s2s_arm64_wheels() {
 # s2s_emulation DIR: fill S2S_EMULATION_FLAGS with what podman build and run need for an image of
 # another architecture (none for this machine's). torch reads /proc/cpuinfo at import and crashes
 # on an x86 one (qemu-user passes the host's through): a /proc/cpuinfo in the aarch64 kernel's
-# format, written into DIR, describes the CPU qemu emulates (its default, "max"): the features
-# from the auxiliary vector the loader shows (LD_SHOW_AUXV), the ids from qemu's MIDR for "max".
+# format, written into DIR, describes the CPU qemu emulates (below): the features from the
+# auxiliary vector the loader shows (LD_SHOW_AUXV), the ids those of qemu's "max".
 s2s_emulation() {
   S2S_EMULATION_FLAGS=()
   S2S_EMULATION_ENV=()
@@ -194,9 +194,15 @@ s2s_emulation() {
   # daemon's default 30 s without audio (tts.stall_timeout_s), which would end the engine, and a
   # whole say can take longer than the default 300 s of one request (tts.max_utterance_s: the
   # image's say failed so on a cold run beside the add-on's, both emulated on 2 cores).
-  S2S_EMULATION_ENV=(-e S2S_TTS__STALL_TIMEOUT_S=900 -e S2S_TTS__MAX_UTTERANCE_S=1800)
+  # The CPU qemu emulates for podman run: a Neoverse N1 (Graviton 2; a Raspberry Pi 5's Cortex-A76
+  # has the same features), whose native kernels' path is dotprod. qemu's default "max" has SVE,
+  # which torch's own kernels take and qemu runs slowly, and i8mm, whose SMMLA it runs slowly too:
+  # the image's say of 8 frames took 130 s on "max", 85 s on "max,sve=off,sme=off" and 48 s here
+  # (scripts/arm64_check.sh tries every path, i8mm included).
+  local cpu=neoverse-n1
+  S2S_EMULATION_ENV=(-e QEMU_CPU=$cpu -e S2S_TTS__STALL_TIMEOUT_S=900 -e S2S_TTS__MAX_UTTERANCE_S=1800)
   [ "$S2S_CONTAINER_ARCH" = arm64 ] || { echo "container: no emulated /proc/cpuinfo for $S2S_CONTAINER_ARCH" >&2; return 1; }
-  podman run --rm --network none -e LD_SHOW_AUXV=1 "$S2S_CONTAINER_BASE" /bin/true 2>/dev/null \
+  podman run --rm --network none -e QEMU_CPU=$cpu -e LD_SHOW_AUXV=1 "$S2S_CONTAINER_BASE" /bin/true 2>/dev/null \
     | python3 -c '
 import os, sys
 # The aarch64 kernel'\''s names of the HWCAP and HWCAP2 bits (arch/arm64/kernel/cpuinfo.c), in bit order.
