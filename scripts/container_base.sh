@@ -196,9 +196,8 @@ s2s_emulation() {
   # image's say failed so on a cold run beside the add-on's, both emulated on 2 cores).
   # The CPU qemu emulates for podman run: a Neoverse N1 (Graviton 2; a Raspberry Pi 5's Cortex-A76
   # has the same features), whose native kernels' path is dotprod. qemu's default "max" has SVE,
-  # which torch's own kernels take and qemu runs slowly, and i8mm, whose SMMLA it runs slowly too:
-  # the image's say of 8 frames took 130 s on "max", 85 s on "max,sve=off,sme=off" and 48 s here
-  # (scripts/arm64_check.sh tries every path, i8mm included).
+  # which torch's own kernels take and qemu runs slowly, and i8mm, whose SMMLA it runs slowly too
+  # (docs/operations.md, "On arm64"; scripts/arm64_check.sh tries every path, i8mm included).
   local cpu=neoverse-n1
   S2S_EMULATION_ENV=(-e QEMU_CPU=$cpu -e S2S_TTS__STALL_TIMEOUT_S=900 -e S2S_TTS__MAX_UTTERANCE_S=1800)
   [ "$S2S_CONTAINER_ARCH" = arm64 ] || { echo "container: no emulated /proc/cpuinfo for $S2S_CONTAINER_ARCH" >&2; return 1; }
