@@ -159,6 +159,12 @@ def main() -> int:
         codec_mod.CausalConv1d._conv = taps_conv  # type: ignore[method-assign]
     guard = f"guard: SNR >= {quality.MIN_SNR_DB:.0f} dB and log-mel <= {quality.MAX_LOG_MEL_DB:.1f} dB against {first}"
     print(guard)
+    bf16_convs = (
+        "the convs on weights oneDNN packed at load (bfloat16-plain: in their plain layout, which oneDNN lays"
+        " out anew on every call)"
+        if codec_mod.LOW_CONV_ONEDNN
+        else "the convs as products of stacked taps (oneDNN runs no bfloat16 convolution on this CPU)"
+    )
     if doc is not None:
         header = ["frames a push", "form", "ms a frame (median)", "quartiles", "least", f"/ {first} push by push",
                   "audio against " + first]  # fmt: skip
@@ -167,8 +173,7 @@ def main() -> int:
             markdown_table(header, rows, "rlrrrrl"),
             f"{args.threads} threads, {args.rounds} rounds of a 20-frame warm start then {args.pushes} pushes per"
             " chunk size, the forms' pushes alternating. bfloat16: the decoder's matrix weights in bfloat16,"
-            " activations in float32, the convs on weights oneDNN packed at load (bfloat16-plain: in their plain"
-            " layout, which oneDNN lays out anew on every call); blocked: every few-column GEMM of up to 64 rows"
+            f" activations in float32, {bf16_convs}; blocked: every few-column GEMM of up to 64 rows"
             " on the native kernels; oneDNN: that and the convs of many columns through oneDNN's convolution;"
             f" first: a new stream's first push of one frame. {guard}.",
         )

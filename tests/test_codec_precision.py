@@ -140,6 +140,30 @@ def test_a_broken_path_misses_the_guard(ext: Any, released_shapes: Path) -> None
     assert not silent.passes and silent.log_mel_db > 10 * quality.MAX_LOG_MEL_DB
 
 
+def test_where_onednn_runs_no_bfloat16_the_bfloat16_decoder_runs_on_stacked_taps(
+    ext: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An AVX2-only x86-64 CPU (an Intel N100, an AMD EPYC before Zen 4: torch's
+    ``_is_mkldnn_bf16_supported`` is false) gets no oneDNN bfloat16 convolution, whose weight
+    oneDNN refuses to lay out there (``codec_dtype: bfloat16`` stopped the load with a RuntimeError):
+    the convs keep their weights tap-major, as on aarch64, none is packed, and the audio is within
+    the guard."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert not codec_mod._onednn_here()
+    assert not codec_mod.low_conv_onednn("x86_64")
+    monkeypatch.setattr(codec_mod, "LOW_CONV_ONEDNN", codec_mod.low_conv_onednn())  # as imported on that CPU
+    folder = FIXTURES / "custom_voice" / "speech_tokenizer"
+    decoder = _decoder(folder, torch.bfloat16, ext)
+    convs = [m for m in decoder.modules() if isinstance(m, codec_mod.CausalConv1d) and m.conv.groups == 1]
+    assert convs and all(m.weight_low is None and m.weight_onednn is None for m in convs)
+    assert all(m.weight_taps is not None and m.weight_taps.dtype == torch.bfloat16 for m in convs)
+    cfg = decoder.cfg
+    codes = torch.randint(0, cfg.codebook_size, (12, cfg.num_quantizers), generator=torch.Generator().manual_seed(4))
+    expected = _decoder(folder, torch.float32, ext).decode(codes)
+    for chunk in (4, 12):
+        _assert_guarded(expected, _streamed(decoder, codes, chunk), f"stacked taps, pushes of {chunk}")
+
+
 def test_the_bfloat16_path_keeps_activations_norms_and_snake_in_float32(ext: Any) -> None:
     folder = FIXTURES / "custom_voice" / "speech_tokenizer"
     decoder = _decoder(folder, torch.bfloat16, ext)
@@ -183,6 +207,8 @@ def test_auto_chooses_bfloat16_only_with_bfloat16_dot_products(
 ) -> None:
     dtype, why = pick_codec_weights(requested, object() if has_ext else None, flags, arch)
     assert dtype == want and why
+    if dtype == torch.bfloat16 and not codec_mod.bf16_dot_products(flags, arch):  # the load's log says so
+        assert "slower than float32" in why, why
     assert dtype in AUTO_PATHS
 
 

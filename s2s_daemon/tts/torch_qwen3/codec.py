@@ -133,11 +133,29 @@ a larger push (more frames than the daemon's chunks of four) runs as one convolu
 laid out plainly again, which its many columns repay (as a batch of small blocks it took 1.1-1.3x
 the time at 8-16 frames, ``scripts/bench_codec.py``)."""
 
-LOW_CONV_ONEDNN = platform.machine().lower() in ("x86_64", "amd64")
+
+def _onednn_here() -> bool:
+    """Whether this torch has oneDNN and oneDNN runs bfloat16 on this CPU (``CausalConv1d.pack_onednn``,
+    ``LOW_CONV_ONEDNN``): torch's own check, on x86-64 AVX512 BW, VL and DQ or AVX-NE-CONVERT. An
+    AVX2-only CPU has neither: oneDNN refuses to lay out a bfloat16 weight there (a RuntimeError),
+    and its bfloat16 decoder runs on stacked taps (docs/engines.md, the codec decoder's precision)."""
+    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return False
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(supported()) if supported is not None else False
+
+
+def low_conv_onednn(arch: str | None = None) -> bool:
+    """``LOW_CONV_ONEDNN`` for a CPU of ``arch`` (``platform.machine()``'s name; this one by default)."""
+    return (arch or platform.machine()).lower() in ("x86_64", "amd64") and _onednn_here()
+
+
+LOW_CONV_ONEDNN = low_conv_onednn()
 """Whether a bfloat16-weight conv keeps its weight in the conv's layout and runs its many-column
-pushes as oneDNN's bfloat16 convolution (x86-64: ``CausalConv1d._onednn_low_conv``) rather than
-as products of stacked taps (``_low_conv``), whose copies were a quarter of the bfloat16 decoder's
-time. On aarch64 it was not measured, and the stacked taps stay. ``scripts/bench_codec.py``."""
+pushes as oneDNN's bfloat16 convolution (x86-64 where oneDNN runs bfloat16: ``_onednn_here``;
+``CausalConv1d._onednn_low_conv``) rather than as products of stacked taps (``_low_conv``), whose
+copies were a quarter of the bfloat16 decoder's time. On aarch64 it was not measured, and the
+stacked taps stay. ``scripts/bench_codec.py``."""
 
 
 def _takes_native_gemm(weight: Tensor, bias: Tensor | None) -> bool:
@@ -171,11 +189,6 @@ def _low_mm(weight: Tensor, columns: Tensor) -> Tensor:
     float32: the columns rounded to bfloat16, the products summed in float32 by oneDNN (AVX512-BF16
     or AMX dot products where the CPU has them), the sums rounded to bfloat16."""
     return torch.matmul(weight, columns.to(weight.dtype)).float()
-
-
-def _onednn_here() -> bool:
-    """Whether this torch has oneDNN (``CausalConv1d.pack_onednn``)."""
-    return bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
 
 
 def _onednn_conv(x: Tensor, packed: Tensor, dilation: int) -> Tensor:
@@ -214,7 +227,8 @@ def pick_codec_weights(
     (its few-column products stream half the bytes, oneDNN runs the rest on the dot products), and
     its audio is within the quality guard of float32's (``tests/test_codec_precision.py``,
     ``scripts/bench_codec.py``); float32 elsewhere. ``bfloat16`` asks for it anyway (it needs the
-    native kernels); ``float32`` keeps the float32 decoder. ValueError for another value.
+    native kernels; without bfloat16 dot products the reason says it is slower than float32 there);
+    ``float32`` keeps the float32 decoder. ValueError for another value.
     """
     value = (requested or "auto").strip().lower()
     if value not in ("auto", *CODEC_WEIGHTS):
@@ -226,7 +240,9 @@ def pick_codec_weights(
             raise ValueError("codec_dtype bfloat16 needs the native CPU kernels")
         return torch.float32, "no native kernels"
     if value == "bfloat16":
-        return torch.bfloat16, "asked for"
+        if bf16_dot_products(flags, arch):
+            return torch.bfloat16, "asked for"
+        return torch.bfloat16, "asked for, on a CPU without bfloat16 dot products: slower than float32 here"
     if bf16_dot_products(flags, arch):
         return torch.bfloat16, "the CPU has bfloat16 dot products"
     return torch.float32, "the CPU has no bfloat16 dot products"
@@ -389,7 +405,7 @@ class CausalConv1d(nn.Module):
         tensor, the plain one is freed, and the native kernels no longer take its few-column pushes.
         Each column's sums are oneDNN's as before; what goes is the re-layout of the whole weight on
         every call, which took longer than the convolution itself (``scripts/bench_codec.py``).
-        False where there is no ``weight_low`` or torch has no oneDNN."""
+        False where there is no ``weight_low`` or no oneDNN that runs bfloat16 here (``_onednn_here``)."""
         w = self.weight_low
         if w is None or not _onednn_here():
             return False
