@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -130,6 +131,24 @@ def test_bench_steady_on_the_tiny_checkpoint_publishes_ms_a_frame_against_real_t
     rows = [line for line in section.splitlines() if line.startswith("| ") and line.split("|")[1].strip()[0].isdigit()]
     assert [r.split("|")[1].strip() for r in rows] == ["2 frames", "4 frames"]
     assert all(r.rstrip(" |").endswith("x") for r in rows)  # the ratio to real time
+
+
+@pytest.mark.integration
+@pytest.mark.torch
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_bench_trim_on_the_tiny_checkpoint_publishes_both_thresholds_and_their_page_faults(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    page = scratch_page(tmp_path)
+    done = run_script(
+        "bench_trim.py", str(TINY), "--format", "int8", "--frames", "8", "--rounds", "2", "--threads", "1", page=page,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("trim 128 KiB:") == 2 and done.stdout.count("trim  32 MiB:") == 2
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section_of(page, "trim").splitlines()]
+    rows = [r for r in rows if r and r[0] in ("128 KiB", "32 MiB")]
+    assert [r[0] for r in rows] == ["128 KiB", "32 MiB"]
+    assert rows[0][3] == "-" and rows[1][3].endswith(")")  # the ratio to the first, round by round
+    assert all(float(r[1]) > 0 and float(r[4]) > 0 and float(r[5].replace(",", "")) >= 0 for r in rows)
 
 
 @pytest.mark.integration

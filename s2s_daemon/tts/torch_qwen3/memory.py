@@ -10,6 +10,14 @@ near twice what a fixed threshold keeps (``scripts/bench_memory.py`` measures it
 dynamic maximum, so per-step temporaries of a few MiB keep coming from the heap without page
 faults) and returns free heap pages to the system with ``malloc_trim``. Elsewhere than glibc
 it does nothing.
+
+A fixed mmap threshold also fixes the trim threshold, at 128 KiB unless set: each free that left
+more than that at the top of a heap (the main one, and each thread's arena: the engine's, the
+codec's) gave those pages back, and the next step's temporaries faulted them in again, hundreds
+of page faults a frame. So the trim threshold goes to 32 MiB too: up to that much free memory
+stays at the top of each heap between steps (the peak RSS is the same), and a frame takes about a
+tenth of the faults: a few percent of its time where the codec's thread sets it
+(``scripts/bench_trim.py``, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -24,9 +32,11 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
+M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 LOAD_THRESHOLD = 1 << 20
 RUN_THRESHOLD = 32 << 20
+"""The mmap threshold, and the trim threshold, once the model is loaded."""
 
 
 def _libc() -> Any:
@@ -48,4 +58,5 @@ def loading() -> Iterator[None]:
     finally:
         if libc is not None:
             libc.mallopt(M_MMAP_THRESHOLD, RUN_THRESHOLD)
+            libc.mallopt(M_TRIM_THRESHOLD, RUN_THRESHOLD)
             libc.malloc_trim(0)
