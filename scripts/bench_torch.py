@@ -17,7 +17,10 @@ engine, warms up (2 frames), then synthesizes a ten-word sentence with a fixed f
   decoder per frame in a 4-frame chunk (its second, so its state is warm);
 - ``audio_fps``: codec frames per second of the whole stream, codec decoding included
   (real time is 12.5);
-- ``talker_fps``: frames per second of the talker + code predictor alone (no codec);
+- ``talker_fps``: frames per second of the talker + code predictor alone (no codec), the prompt's
+  prefill included (``ms_per_frame`` is its inverse); ``steady_ms``: past the prefill, what
+  ``floor_ms`` bounds: the time of the ``--frames`` frames less that of a third of them, per frame
+  between (both runs with no prompt kept);
 - ``audio_ms_per_frame`` beside ``qwentts_cpp_ms``: our time per frame with audio decoding and
   qwentts.cpp's for the matching GGML format (F32, BF16, Q8_0, Q4_K_M; quoted from ../shared/PEERS.md);
 - ``peak_rss_mib``: the child's maximum resident set;
@@ -207,6 +210,12 @@ def run_one(model: str, fmt: str, frames: int, threads: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     codes = engine.codes_blocking(request, max_frames=frames)
     talker_s = time.perf_counter() - t0
+    cold()
+    t0 = time.perf_counter()
+    fewer = engine.codes_blocking(request, max_frames=max(1, frames // 3))
+    fewer_s = time.perf_counter() - t0
+    between = codes.shape[0] - fewer.shape[0]
+    steady_s = (talker_s - fewer_s) / between if between > 0 else None
     prefill_s, codec_s = split_ms(engine, request, codes)
     bytes_per_frame = weight_bytes_per_frame(engine)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -224,6 +233,7 @@ def run_one(model: str, fmt: str, frames: int, threads: int) -> dict[str, Any]:
         "codec_ms_per_frame": round(1000 * codec_s, 1),
         "audio_fps": round(got_frames / total, 2),
         "talker_fps": round(codes.shape[0] / talker_s, 2),
+        "steady_ms": round(1000 * steady_s, 1) if steady_s else None,
         "peak_rss_mib": round(peak_kib / 1024, 0),
         "weight_mib_per_frame": round(bytes_per_frame / 2**20, 1),
     }
@@ -266,7 +276,7 @@ def main() -> int:
     print()
     header = ("format", "ttfa_ms", "ttfa1_ms", "ttfa1_voice_ms", "ttfa1_again_ms", "ttfa1_streamed_ms", "prefill_ms",
               "codec_ms_per_frame", "audio_fps", "audio_ms_per_frame", "qwentts_cpp_ms", "ms_per_frame",
-              "floor_ms", "weight_mib_per_frame", "peak_rss_mib", "load_s")  # fmt: skip
+              "steady_ms", "floor_ms", "weight_mib_per_frame", "peak_rss_mib", "load_s")  # fmt: skip
     print(" | ".join(header))
     for row in rows:
         print(" | ".join(str(row.get(h)) for h in header))
@@ -281,7 +291,8 @@ def main() -> int:
             f" chunks, greedy, each format in its own process; read bandwidth {bandwidth:.1f} GB/s. ttfa: to a"
             " first chunk of 4 frames; ttfa1: of one frame (cold, after another sentence in the same voice,"
             " the same sentence again, the text streamed); audio_fps: codec frames a second with audio decoding"
-            " (real time is 12.5); ms_per_frame: talker and code predictor alone; floor_ms: the weights a frame"
+            " (real time is 12.5); ms_per_frame: talker and code predictor alone, the prompt's prefill included;"
+            " steady_ms: past the prefill (all frames less a third of them); floor_ms: the weights a frame"
             " reads over the read bandwidth. qwentts_cpp_ms: qwentts.cpp (GGML) on the 0.6B quoted from the"
             " project's peers notes (2026-12-01, a 2-core AMD EPYC with AVX2), not run here, and left empty for"
             " another model size (scripts/bench_peers.py runs it beside ours). Each child under the daemon's"
