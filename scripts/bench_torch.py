@@ -114,7 +114,7 @@ def weight_bytes_per_frame(engine: Any) -> int:
     groups = engine.runtime.groups
     per_frame = size(talker.model.layers) + size(talker.codec_head)
     per_group = size(cp.model.layers) + size(cp.small_to_mtp_projection) + size(cp.lm_head[0])
-    return per_frame + (groups - 1) * per_group
+    return per_frame + (int(groups) - 1) * per_group
 
 
 def split_ms(engine: Any, request: Any, codes: Any) -> tuple[float, float]:
