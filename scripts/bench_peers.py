@@ -164,7 +164,13 @@ def ours(args: argparse.Namespace) -> dict[str, Any]:
         yield from engine.synthesize_blocking(request, lambda: False)
 
     calls = peers_child.run_calls(stream, args.frames)
-    settings = {"weights": info.dtype, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+    # The engine's intra-op threads as its policy sets them (the calling thread's count after the run
+    # is whatever the last step left: one while a codec push ran beside it), and the codec worker's.
+    policy = engine.threads
+    threads = (policy.fixed or policy.default) if policy is not None else torch.get_num_threads()
+    worker = engine.codec_worker
+    settings = {"weights": info.dtype, "torch_threads": threads, "torch": torch.__version__,
+                "codec_threads": worker.threads if worker is not None else None,
                 "chunk_frames": tts.chunk_frames}  # fmt: skip
     return {"runtime": "ours", "load_s": round(load_s, 3), "calls": calls, "settings": settings}
 
@@ -308,13 +314,13 @@ def main() -> int:
     for round_ in range(1, args.rounds + 1):
         for side in chosen:
             load = load_average()
-            result = run(side, args, args.frames)
-            if result is None:
+            measured = run(side, args, args.frames)
+            if measured is None:
                 continue
-            got = figures(result, args.frames)
+            got = figures(measured, args.frames)
             results.setdefault(side.name, []).append(got)
-            print(f"round {round_} {side.name}: {describe_run(got)}; {json.dumps(result.get('settings', {}))},"
-                  f" version {result.get('version', 'this checkout')}, load before {load[0] if load else '-'}",
+            print(f"round {round_} {side.name}: {describe_run(got)}; {json.dumps(measured.get('settings', {}))},"
+                  f" version {measured.get('version', 'this checkout')}, load before {load[0] if load else '-'}",
                   flush=True)  # fmt: skip
     header, rows = table(results)
     print()

@@ -62,7 +62,7 @@ def ggml(args: argparse.Namespace) -> dict[str, Any]:
     """qwentts.cpp through the wheel: ``QwenTTS(talker, codec, cpu_threads, cpu_stream_frames)``."""
     from importlib.metadata import version
 
-    from qwentts_cpp_cpu import QwenTTS
+    from qwentts_cpp_cpu import QwenTTS  # type: ignore[import-not-found]  # the peers venv only (peers_prep.sh)
 
     start = time.perf_counter()
     tts = QwenTTS(args.talker, args.codec, cpu_threads=args.threads, cpu_stream_frames=args.stream_frames)
@@ -83,7 +83,7 @@ def vox(args: argparse.Namespace) -> dict[str, Any]:
     """vox-tts: ``vox.Engine(tmod, "cpu", threads)``, a CustomVoice speaker, ``engine.stream``."""
     from importlib.metadata import version
 
-    import vox as vox_tts
+    import vox as vox_tts  # type: ignore[import-not-found]  # the peers venv only (peers_prep.sh)
 
     start = time.perf_counter()
     engine = vox_tts.Engine(args.tmod, "cpu", args.threads)
