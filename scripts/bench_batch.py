@@ -15,7 +15,9 @@ Printed per N and way: ``wall_s`` (first request to last chunk), ``x_one`` (that
 stream's wall time: the goal is 4 streams in at most 1.6x one), ``first_chunk_s`` (mean over the
 streams), ``agg_rtf`` (seconds of audio made per second, all streams together; 1.0 is real
 time), and beside them the talker and code predictor alone (``talker_ms_per_step``: one frame of
-every stream, no codec), which is where batching saves.
+every stream, no codec), which is where batching saves, and the codec decoder alone
+(``codec_ms_per_frame``: pushes of 4 frames), which each stream pays in full: its share of a step,
+N codec frames over those and the talker's step, is the part batching leaves.
 """
 
 from __future__ import annotations
@@ -93,6 +95,28 @@ def talker_step_ms(engine: Any, requests: list[Any], steps: int) -> float:
         return 1000 * (time.perf_counter() - started) / steps
 
 
+def codec_frame_ms(engine: Any, threads: int, chunk: int = 4, pushes: int = 6) -> float:
+    """ms a frame of the codec decoder alone, at ``threads`` intra-op threads: the median of a stream's
+    pushes of ``chunk`` random frames after a first one (which warms it)."""
+    import statistics
+
+    import torch
+
+    cfg = engine.codec.cfg
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, cfg.codebook_size, (chunk * (pushes + 1), cfg.num_quantizers), generator=generator)
+    torch.set_num_threads(threads)
+    times = []
+    with torch.inference_mode():
+        stream = engine.codec.stream()
+        stream.push(codes[:chunk])
+        for k in range(1, pushes + 1):
+            started = time.perf_counter()
+            stream.push(codes[k * chunk : (k + 1) * chunk])
+            times.append(1000 * (time.perf_counter() - started) / chunk)
+    return statistics.median(times)
+
+
 async def main_async(args: argparse.Namespace, doc: DocTarget | None) -> int:
     from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
     from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
@@ -165,6 +189,7 @@ async def main_async(args: argparse.Namespace, doc: DocTarget | None) -> int:
                 if key not in best or result["wall_s"] < best[key]["wall_s"]:
                     best[key] = result
     steps = {n: await worker._call(functools.partial(talker_step_ms, engine, requests[n], 8)) for n in counts}
+    codec_ms = await worker._call(functools.partial(codec_frame_ms, engine, threads))
     one = best[(counts[0], "batched")]["wall_s"] if counts[0] == 1 else None
     rows: list[list[object]] = []
     for n in counts:
@@ -181,6 +206,8 @@ async def main_async(args: argparse.Namespace, doc: DocTarget | None) -> int:
                 f"{b['audio_s'] / b['wall_s']:.3f}",
                 f"{i['audio_s'] / i['wall_s']:.3f}",
                 f"{steps[n]:.1f}",
+                f"{codec_ms:.1f}",
+                f"{n * codec_ms / (steps[n] + n * codec_ms):.0%}",
             ]
         )
     for n in counts:
@@ -196,6 +223,7 @@ async def main_async(args: argparse.Namespace, doc: DocTarget | None) -> int:
                         "first_chunk_s": round(r["first_chunk_s"], 2),
                         "agg_rtf": round(r["audio_s"] / r["wall_s"], 3),
                         "talker_ms_per_step": round(steps[n], 1) if way == "batched" else None,
+                        "codec_ms_per_frame": round(codec_ms, 1),
                     }
                 )
             )
@@ -203,13 +231,16 @@ async def main_async(args: argparse.Namespace, doc: DocTarget | None) -> int:
     if doc is not None:
         header = ["streams", "batched wall s", "interleaved wall s", "interleaved / batched", "batched / one stream",
                   "first chunk s, batched", "interleaved", "audio s per s, batched", "interleaved",
-                  "talker ms a step, batched"]  # fmt: skip
+                  "talker ms a step, batched", "codec ms a frame", "codec's share of a step"]  # fmt: skip
         doc.publish(
             "Several streams at once: batched against interleaved",
             markdown_table(header, rows, "r" * len(header)),
             f"Weights {args.format}, {threads} threads, {args.frames} frames a stream, 4-frame chunks, greedy;"
             f" best of {args.rounds} rounds alternating the two ways. Batched: `max_batch` 4 (a frame of every"
-            " stream per step); interleaved: `max_batch` 1. The goal: 4 streams in at most 1.6x one's wall time.",
+            " stream per step); interleaved: `max_batch` 1. The goal: 4 streams in at most 1.6x one's wall time."
+            f" The parts of a step, each alone at {threads} threads: the talker and code predictor for a frame of"
+            " every stream (no codec), and the codec decoder's frame (pushes of 4 frames), which batching does not"
+            " share: its share is N codec frames over those and the talker's step.",
         )
     return 0
 

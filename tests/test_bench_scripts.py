@@ -135,6 +135,25 @@ def test_bench_steady_on_the_tiny_checkpoint_publishes_ms_a_frame_against_real_t
 
 @pytest.mark.integration
 @pytest.mark.torch
+def test_bench_batch_on_the_tiny_checkpoint_publishes_the_codec_beside_the_talker_step(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    page = scratch_page(tmp_path)
+    args = ("--format", "int8", "--frames", "8", "--streams", "1,2", "--rounds", "1")
+    done = run_script("bench_batch.py", str(TINY), *args, page=page)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section_of(page, "batch").splitlines()]
+    rows = [r for r in rows if r and r[0] in ("1", "2")]
+    assert [r[0] for r in rows] == ["1", "2"] and all(len(r) == 12 for r in rows)
+    for r in rows:
+        step, codec, share = float(r[9]), float(r[10]), int(r[11].removesuffix("%"))
+        assert step > 0 and codec > 0
+        # N codec frames over a step's whole (the table's figures are rounded to 0.1 ms)
+        assert abs(share - 100 * int(r[0]) * codec / (step + int(r[0]) * codec)) <= 1.5
+    assert rows[0][10] == rows[1][10]  # one codec figure: batching does not share it
+
+
+@pytest.mark.integration
+@pytest.mark.torch
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_bench_trim_on_the_tiny_checkpoint_publishes_both_thresholds_and_their_page_faults(tmp_path: Path) -> None:
     pytest.importorskip("torch")
