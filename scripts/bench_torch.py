@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from s2s_daemon.bench.machine import machine_line
+from s2s_daemon.bench.machine import machine_line, read_bandwidth_gbs
 from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table, ratio
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river."
@@ -77,20 +77,6 @@ def quoted_peer_ms(model: str, fmt: str) -> float | None:
     except (OSError, ValueError):
         return None
     return QWENTTS_CPP_MS.get(fmt) if size == "0b6" else None
-
-
-def read_bandwidth_gbs(threads: int) -> float:
-    """Best of five full reads of a 256 MiB float32 tensor (sum), GB/s."""
-    import torch
-
-    torch.set_num_threads(threads)
-    x = torch.ones(64 * 1024 * 1024)
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        float(x.sum())
-        best = min(best, time.perf_counter() - t)
-    return x.numel() * 4 / best / 1e9
 
 
 def weight_bytes_per_frame(engine: Any) -> int:

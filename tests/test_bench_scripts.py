@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,6 +132,7 @@ def test_bench_steady_on_the_tiny_checkpoint_publishes_ms_a_frame_against_real_t
     rows = [line for line in section.splitlines() if line.startswith("| ") and line.split("|")[1].strip()[0].isdigit()]
     assert [r.split("|")[1].strip() for r in rows] == ["2 frames", "4 frames"]
     assert all(r.rstrip(" |").endswith("x") for r in rows)  # the ratio to real time
+    assert re.search(r"Read bandwidth \d+\.\d GB/s before, \d+\.\d after", section)
 
 
 @pytest.mark.integration

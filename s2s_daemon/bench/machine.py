@@ -214,6 +214,22 @@ START = _reading()
 the steal share over the run is counted from."""
 
 
+def read_bandwidth_gbs(threads: int) -> float:
+    """Memory read bandwidth now, GB/s: the best of five sums of a 256 MiB float32 tensor on ``threads``
+    intra-op threads (torch). On a shared host it moves with what the neighbours read: a figure
+    bound by memory traffic is worth its bandwidth beside it."""
+    import torch
+
+    torch.set_num_threads(threads)
+    x = torch.ones(64 * 1024 * 1024)
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        float(x.sum())
+        best = min(best, time.perf_counter() - started)
+    return x.numel() * 4 / best / 1e9
+
+
 def machine_info() -> dict[str, Any]:
     """This machine: OS, CPU (model, instruction sets, hypervisor), CPUs, memory, load now and at the
     start, and the steal share since the start (over a short sample when the start was just now)."""
