@@ -14,10 +14,10 @@ it does nothing.
 A fixed mmap threshold also fixes the trim threshold, at 128 KiB unless set: each free that left
 more than that at the top of a heap (the main one, and each thread's arena: the engine's, the
 codec's) gave those pages back, and the next step's temporaries faulted them in again, hundreds
-of page faults a frame. So the trim threshold goes to 32 MiB too: up to that much free memory
-stays at the top of each heap between steps (the peak RSS is the same), and a frame takes about a
-tenth of the faults: a few percent of its time where the codec's thread sets it
-(``scripts/bench_trim.py``, docs/performance.md).
+to thousands of page faults a frame. So the trim threshold goes to 32 MiB too: up to that much
+free memory stays at the top of each heap between steps (the peak RSS is the same), and a frame
+takes a tenth of the faults or fewer (``scripts/bench_trim.py`` measures both thresholds' frames,
+docs/performance.md has its figures).
 """
 
 from __future__ import annotations
