@@ -54,6 +54,15 @@ print("BENCH_MEMORY " + json.dumps(out), file=sys.stderr)
 """
 
 
+def model_size(model: str) -> str | None:
+    """The checkpoint's ``tts_model_size`` (``0b6``, ``1b7``), None when its config does not say."""
+    try:
+        size = json.loads((Path(model) / "config.json").read_text(encoding="utf-8")).get("tts_model_size")
+    except (OSError, ValueError):
+        return None
+    return str(size) if size else None
+
+
 def run_say(model: str, fmt: str, codec: str, frames: int, cache: str, out: Path) -> dict[str, Any]:
     env = {**os.environ, "S2S_PREPARED_CACHE": cache, "S2S_TTS__OPTIONS__MAX_FRAMES": str(frames),
            "S2S_TTS__OPTIONS__CODEC_DTYPE": codec}  # fmt: skip
@@ -103,16 +112,19 @@ def main() -> int:
                       f"({row['sampled_mib']} MiB): {parts}", flush=True)  # fmt: skip
             if peaks:
                 table.append((fmt, codec, min(peaks), max(peaks)))
+    # The peer's figure is a 0.6B's: beside another model size it would compare unlike things.
+    size = model_size(args.model)
+    peer = f"{LEANEST_PEER_MIB[0]:,}-{LEANEST_PEER_MIB[1]:,}" if size == "0b6" else "-"
     print()
     print("format | codec_dtype | peak RSS of say, MiB (least-most) | leanest peer (vox-tts q8), MiB")
     for fmt, codec, lo, hi in table:
-        print(f"{fmt} | {codec} | {lo}-{hi} | {LEANEST_PEER_MIB[0]:,}-{LEANEST_PEER_MIB[1]:,}")
+        print(f"{fmt} | {codec} | {lo}-{hi} | {peer}")
     if doc is not None:
-        peer = f"{LEANEST_PEER_MIB[0]:,}-{LEANEST_PEER_MIB[1]:,}"
         rows = [[fmt, codec, f"{lo:,}-{hi:,}", peer] for fmt, codec, lo, hi in table]
         header = ["format", "codec_dtype", "peak RSS of say, MiB (least-most)", "leanest peer (vox-tts q8), MiB"]
-        notes = f"`s2s-daemon say` as a subprocess, {args.frames} frames, {args.rounds} rounds; the peer's figure"
-        notes += " is from ../shared/PEERS.md (measured beside ours, not in this run)."
+        notes = f"Model `{args.model}` (tts_model_size {size or 'unknown'}): `s2s-daemon say` as a subprocess,"
+        notes += f" {args.frames} frames, {args.rounds} rounds; the peer's figure, a 0.6B's (shown beside a 0.6B"
+        notes += " alone), is from ../shared/PEERS.md (measured beside ours, not in this run)."
         doc.publish("Peak memory of one utterance", markdown_table(header, rows, "llrr"), notes)
     return 0
 

@@ -5,9 +5,11 @@ machine or load code again, and a small run of the cheap ones writes its section
 from __future__ import annotations
 
 import ast
+import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -133,6 +135,30 @@ def test_bench_steady_on_the_tiny_checkpoint_publishes_ms_a_frame_against_real_t
     assert [r.split("|")[1].strip() for r in rows] == ["2 frames", "4 frames"]
     assert all(r.rstrip(" |").endswith("x") for r in rows)  # the ratio to real time
     assert re.search(r"Read bandwidth \d+\.\d GB/s before, \d+\.\d after", section)
+
+
+@pytest.mark.integration
+@pytest.mark.torch
+def test_bench_memory_shows_the_peers_figure_beside_a_checkpoint_of_its_size_alone(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    bigger = tmp_path / "tiny-1b7"
+    shutil.copytree(TINY, bigger)
+    config = json.loads((bigger / "config.json").read_text(encoding="utf-8"))
+    assert config["tts_model_size"] == "0b6"
+    (bigger / "config.json").write_text(json.dumps({**config, "tts_model_size": "1b7"}), encoding="utf-8")
+    peers: dict[str, str] = {}
+    for model, key, size in ((TINY, "memory", "0b6"), (bigger, "memory-1.7b", "1b7")):
+        page = scratch_page(tmp_path)
+        args = ("--formats", "int8", "--codecs", "auto", "--rounds", "1", "--frames", "4", "--doc-key", key)
+        done = run_script("bench_memory.py", str(model), *args, "--cache", str(tmp_path / "cache"), page=page)
+        assert done.returncode == 0, done.stderr[-2000:]
+        section = section_of(page, key)
+        rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section.splitlines()]
+        rows = [r for r in rows if r and r[0] == "int8"]
+        assert len(rows) == 1 and int(rows[0][2].split("-")[0].replace(",", "")) > 0
+        peers[key] = rows[0][3]
+        assert f"Model `{model}` (tts_model_size {size})" in section
+    assert peers == {"memory": "1,150-1,182", "memory-1.7b": "-"}
 
 
 @pytest.mark.integration
