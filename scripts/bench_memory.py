@@ -55,12 +55,15 @@ print("BENCH_MEMORY " + json.dumps(out), file=sys.stderr)
 
 
 def model_size(model: str) -> str | None:
-    """The checkpoint's ``tts_model_size`` (``0b6``, ``1b7``), None when its config does not say."""
+    """The checkpoint's ``tts_model_size`` (``0b6``, ``1b7``) as the engine reads it, None when its
+    config does not say or cannot be read."""
+    from s2s_daemon.tts.engine import CheckpointError
+    from s2s_daemon.tts.torch_qwen3.config import load_model_config
+
     try:
-        size = json.loads((Path(model) / "config.json").read_text(encoding="utf-8")).get("tts_model_size")
-    except (OSError, ValueError):
+        return load_model_config(Path(model)).model_size or None
+    except CheckpointError:
         return None
-    return str(size) if size else None
 
 
 def run_say(model: str, fmt: str, codec: str, frames: int, cache: str, out: Path) -> dict[str, Any]:
