@@ -127,7 +127,8 @@ def main() -> int:
         header = ["format", "codec_dtype", "peak RSS of say, MiB (least-most)", "leanest peer (vox-tts q8), MiB"]
         notes = f"Model `{args.model}` (tts_model_size {size or 'unknown'}): `s2s-daemon say` as a subprocess,"
         notes += f" {args.frames} frames, {args.rounds} rounds; the peer's figure, a 0.6B's (shown beside a 0.6B"
-        notes += " alone), is from ../shared/PEERS.md (measured beside ours, not in this run)."
+        notes += " alone), is from ../shared/PEERS.md: vox-tts 0.19.5 q8 measured beside ours on a 2-core Intel Xeon"
+        notes += " (2026-12-02), not in this run nor on this machine unless it is that one."
         doc.publish("Peak memory of one utterance", markdown_table(header, rows, "llrr"), notes)
     return 0
 
