@@ -199,18 +199,20 @@ def _integer_reference(
 @pytest.mark.arm64
 def test_int4_group_sizes(path: Any) -> None:
     layer = _linear(40, 256, bias=False)
-    x = torch.randn(3, 256)
-    for group in (32, 64, 128, 256):
-        packed = native.PackedLinear(layer, "int4", path, group=group)
-        torch.testing.assert_close(packed(x), F.linear(_q8_blocks(x), packed.dequantized()), rtol=1e-4, atol=1e-4)
+    for rows in (3, 33):  # decoding's rows and a prompt's (several blocks a group on the prompt's tiles)
+        x = torch.randn(rows, 256)
+        for group in (32, 64, 128, 256):
+            packed = native.PackedLinear(layer, "int4", path, group=group)
+            want = _integer_reference(path.isa, "int4", x, packed.dequantized(), None)
+            torch.testing.assert_close(packed(x), want, rtol=1e-4, atol=1e-4)
     # An odd count of blocks (the x86 pair kernel's last block alone) and a group that is neither
-    # 32 nor a multiple of 64 (the x86 paths' other kernel), one to four input rows.
+    # 32 nor a multiple of 64 (the x86 paths' other kernel), one to four input rows and a prompt's.
     layer = _linear(40, 96, bias=True)
     for group in (32, 96):
         packed = native.PackedLinear(layer, "int4", path, group=group)
-        for rows in (1, 2, 3, 4):
+        for rows in (1, 2, 3, 4, 5, 33):
             x = torch.randn(rows, 96)
-            want = F.linear(_q8_blocks(x), packed.dequantized(), packed.bias)
+            want = _integer_reference(path.isa, "int4", x, packed.dequantized(), packed.bias)
             torch.testing.assert_close(packed(x), want, rtol=1e-4, atol=1e-4)
 
 

@@ -107,6 +107,8 @@ enum ScratchSlot {
   kScratchI4,     // the x86 stream: the quantized input as the 4-bit pair kernels read it
   kScratchAmx,    // the amx path's prompt product: the input as bfloat16, in its tiles' order
   kScratchAmxWeights,  // the amx path's prompt product: 32 weight rows widened to bfloat16
+  kScratchVnni,   // the avx512 path's prompt product: the int8 codes' offsets per input block
+  kScratchVnniWeights,  // the avx512 path's prompt product: 32 weight rows' codes laid out for vpdpbusd
   kScratchSlots
 };
 void* scratch(int slot, int64_t bytes);
