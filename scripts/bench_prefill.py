@@ -146,7 +146,7 @@ def main() -> int:
             f"Model `{args.model}`, {args.threads} threads, the benchmark sentence's talker prompt ({positions}"
             f" positions), no prompt kept; medians of {args.rounds} rounds alternating the paths and the two ways."
             " Whole prompt a call: the native stack's integer products on tiles of weight rows held in cache (on"
-            " `amx` on AMX's tiles, on `avx512` laid out for VNNI with 16 weight rows to a register); 4 a call:"
+            " `amx` on AMX's tiles, laid out with 16 weight rows to a register on `avx512`, 8 on `avx2`); 4 a call:"
             " the same stack streaming every weight again for each four positions. Below: each matrix of the"
             " talker's first layer with the prompt's rows, ours against torch's float32 GEMM of the weight"
             " dequantized (best of the rounds).",

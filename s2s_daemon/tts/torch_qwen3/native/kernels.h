@@ -108,7 +108,7 @@ enum ScratchSlot {
   kScratchAmx,    // the amx path's prompt product: the input as bfloat16, in its tiles' order
   kScratchAmxWeights,  // the amx path's prompt product: 32 weight rows widened to bfloat16
   kScratchVnni,   // the avx512 path's prompt product: the int8 codes' offsets per input block
-  kScratchVnniWeights,  // the avx512 path's prompt product: 32 weight rows' codes laid out for vpdpbusd
+  kScratchTileCodes,  // the x86 paths' prompt products (vnni_prompt, avx2_prompt): a tile of weight rows' codes
   kScratchSlots
 };
 void* scratch(int slot, int64_t bytes);
