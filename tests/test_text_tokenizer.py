@@ -29,18 +29,89 @@ TEXTS = (
 
 
 def _both(folder: Path) -> tuple[object, object]:
-    from s2s_daemon.tts.torch_qwen3.text_tokenizer import FastTextTokenizer, load_text_tokenizer
+    from s2s_daemon.tts.torch_qwen3.text_tokenizer import LeanBPETokenizer, load_text_tokenizer
 
-    fast = load_text_tokenizer(folder)
-    assert isinstance(fast, FastTextTokenizer)
-    return fast, load_text_tokenizer(folder, use_transformers=True)
+    lean = load_text_tokenizer(folder)
+    assert isinstance(lean, LeanBPETokenizer)
+    return lean, load_text_tokenizer(folder, use_transformers=True)
+
+
+def _tokenizers_route(folder: Path) -> object:
+    from tokenizers import Tokenizer
+
+    from s2s_daemon.tts.torch_qwen3.text_tokenizer import FastTextTokenizer
+
+    return FastTextTokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")))
 
 
 @pytest.mark.parametrize("kind", ["custom_voice", "base"])
 def test_the_same_ids_as_transformers(kind: str) -> None:
-    fast, reference = _both(FIXTURES / kind)
+    lean, reference = _both(FIXTURES / kind)
+    fast = _tokenizers_route(FIXTURES / kind)
     for text in TEXTS:
-        assert fast(text)["input_ids"] == list(reference(text)["input_ids"]), text  # type: ignore[operator]
+        want = list(reference(text)["input_ids"])  # type: ignore[operator]
+        assert lean(text)["input_ids"] == want, text  # type: ignore[operator]
+        assert fast(text)["input_ids"] == want, text  # type: ignore[operator]
+
+
+def _trained(tmp_path: Path, vocab_size: int) -> Path:
+    """A byte-level BPE trained here on the repository's documents with the fixture's normalizer,
+    pre-tokenizer and specials: thousands of merges (the fixtures have a few hundred), so words
+    merge many times over, by ranks no hand-made list would give."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    spec = json.loads((FIXTURES / "custom_voice" / "tokenizer.json").read_text(encoding="utf-8"))
+    pattern = spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>"],
+    )  # fmt: skip
+    root = Path(__file__).resolve().parents[1]
+    corpus = [p.read_text(encoding="utf-8") for p in sorted((root / "docs").glob("*.md"))] + [*TEXTS] * 20
+    tok.train_from_iterator(corpus, trainer)
+    folder = tmp_path / "trained"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_the_lean_tokenizer_gives_tokenizers_ids_on_a_trained_vocabulary(tmp_path: Path) -> None:
+    import random
+
+    from s2s_daemon.tts.torch_qwen3.text_tokenizer import LeanBPETokenizer
+
+    folder = _trained(tmp_path, 6000)
+    lean = LeanBPETokenizer.from_file(folder / "tokenizer.json")
+    fast = _tokenizers_route(folder)
+    assert len(lean._keys) > 4000  # merges enough that words merge many times
+    root = Path(__file__).resolve().parents[1]
+    lines = [ln for p in sorted((root / "docs").glob("*.md")) for ln in p.read_text(encoding="utf-8").splitlines()]
+    rng = random.Random(7)
+    alphabet = "aeioustrnl AEIOU0123456789.,;:!?'\"-()\n\t\r" + "éèüßøñç" + "你好世界こんにちは안녕" + "🙂👍🏽→∞"
+    texts = [*TEXTS, *rng.sample(lines, 400), "a" * 50, "ab" * 40, " " * 9 + "x", "1" * 30 + "22",
+             *("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 80))) for _ in range(300)),
+             "<|im_start|>user\n<|im_end|><|im_start|><|endoftext|>x<tts_pad>"]  # fmt: skip
+    for text in texts:
+        assert lean(text)["input_ids"] == fast(text)["input_ids"], text  # type: ignore[operator]
+
+
+def test_a_tokenizer_json_the_lean_tokenizer_does_not_describe_takes_tokenizers(tmp_path: Path) -> None:
+    from s2s_daemon.tts.torch_qwen3.text_tokenizer import FastTextTokenizer, load_text_tokenizer
+
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(FIXTURES / "custom_voice" / name, tmp_path)
+    spec = json.loads((FIXTURES / "custom_voice" / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["normalizer"] = {"type": "NFKC"}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    tok = load_text_tokenizer(tmp_path)
+    assert isinstance(tok, FastTextTokenizer)
+    assert tok("Hello there.")["input_ids"]
 
 
 @pytest.mark.slow
