@@ -10,8 +10,8 @@ a start neither imports transformers nor keeps its modules resident (``scripts/b
 ``AutoTokenizer``. ``tests/test_text_tokenizer.py`` holds the routes to the same ids.
 
 The ``tokenizers`` library keeps the whole vocabulary twice (token to id and back, 151,643 strings
-each): about 40 MiB resident, a tenth of what the engine holds beside its weights. Encoding needs
-neither map: a byte-level BPE starts from one id per byte and merges pairs of ids by rank. So a
+each; ``scripts/bench_memory.py`` measures what the daemon holds, docs/performance.md has its
+figures). Encoding needs neither map: a byte-level BPE starts from one id per byte and merges pairs of ids by rank. So a
 ``tokenizer.json`` of the Qwen2 kind (NFC, the Split regex then ByteLevel, BPE without dropout or
 byte fallback) is loaded into ``LeanBPETokenizer``: the 256 bytes' ids and, per merge, its pair of
 ids, rank and result, in sorted arrays (a few MiB); anything else takes ``tokenizers``.
