@@ -10,13 +10,16 @@ Forms (``--forms``, comma-separated; the first is the reference the others are c
   (``CodecDecoder.pack_onednn``);
 - ``bfloat16-plain``: ``bfloat16`` with the convs' weights in their plain layout, which oneDNN
   lays out anew on every call (the form before ``pack_onednn``);
+- ``auto``: as the engine loads it under ``codec_dtype: auto``: the matrix dtype
+  ``pick_codec_weights`` chooses here, the upsampler's ConvNeXt linears in int8
+  (``int8_upsampler``);
 - ``blocked``: float32 with every few-column GEMM of up to 64 rows on the native kernels (the form
   before ``native_row_limit`` sent those of more than 4 rows to the BLAS where it is the faster);
 - ``oneDNN``: ``blocked`` with the convs of many columns through oneDNN's convolution on a
   contiguous copy of the weight (the form before they became one product per tap).
 
     .venv/bin/python -m s2s_daemon.tools.make_checkpoint ./cv06 --size 0.6b --kind custom_voice
-    .venv/bin/python scripts/bench_codec.py ./cv06 [--forms float32,bfloat16] [--threads 2] [--rounds 4]
+    .venv/bin/python scripts/bench_codec.py ./cv06 [--forms float32,bfloat16,auto] [--threads 2] [--rounds 4]
         [--chunks 1,4] [--pushes 6]
     ONEDNN_VERBOSE=1 .venv/bin/python scripts/bench_codec.py ./cv06 --rounds 1 --pushes 1   # what oneDNN runs
 
@@ -46,13 +49,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from s2s_daemon.bench.machine import machine_line
 from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table
 
-FORMS = ("float32", "bfloat16", "bfloat16-plain", "blocked", "oneDNN")
+FORMS = ("float32", "bfloat16", "bfloat16-plain", "auto", "blocked", "oneDNN")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="checkpoint folder (or its speech_tokenizer folder)")
-    parser.add_argument("--forms", default="float32,bfloat16", help=f"comma-separated, of {', '.join(FORMS)}")
+    parser.add_argument("--forms", default="float32,bfloat16,auto", help=f"comma-separated, of {', '.join(FORMS)}")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--chunks", default="1,4", help="frames per push, comma-separated")
@@ -85,9 +88,11 @@ def main() -> int:
           f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}")  # fmt: skip
     decoders: dict[str, Any] = {}
     for name in forms:
-        low = name.startswith("bfloat16")
+        low = name.startswith("bfloat16") or (name == "auto" and auto == torch.bfloat16)
         weights = torch.bfloat16 if low else torch.float32
         decoder = codec_mod.CodecDecoder.from_folder(folder, "cpu", torch.float32, weights)
+        if name == "auto" and codec_mod.int8_upsampler("auto", ext):
+            decoder.int8_upsampler(ext)
         native.pack_linears(decoder, "bfloat16" if low else "float32", ext)  # as the engine does
         decoder.use_native(ext)
         if name != "bfloat16-plain":
@@ -173,7 +178,9 @@ def main() -> int:
             markdown_table(header, rows, "rlrrrrl"),
             f"{args.threads} threads, {args.rounds} rounds of a 20-frame warm start then {args.pushes} pushes per"
             " chunk size, the forms' pushes alternating. bfloat16: the decoder's matrix weights in bfloat16,"
-            f" activations in float32, {bf16_convs}; blocked: every few-column GEMM of up to 64 rows"
+            f" activations in float32, {bf16_convs}; auto: as codec_dtype auto loads it here"
+            f" ({str(auto).removeprefix('torch.')} with the upsampler's ConvNeXt linears in int8); blocked: every"
+            " few-column GEMM of up to 64 rows"
             " on the native kernels; oneDNN: that and the convs of many columns through oneDNN's convolution;"
             f" first: a new stream's first push of one frame. {guard}.",
         )

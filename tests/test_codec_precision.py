@@ -1,9 +1,10 @@
 """The quality guard of the codec decoder's paths, and how ``auto`` chooses one.
 
-Every path ``pick_codec_weights`` can choose under ``auto`` is decoded against the float32 decoder
-on random decoders of the released 0.6B shapes and on the tiny golden fixture (the official
-float32 waveform), and must meet ``quality.MIN_SNR_DB`` and ``quality.MAX_LOG_MEL_DB``. A path
-broken on purpose must miss them (the guard can fail).
+Every path ``codec_dtype`` can choose (``pick_codec_weights``'s matrix dtype, and under ``auto`` the
+upsampler's int8 linears, ``int8_upsampler``) is decoded against the float32 decoder on random
+decoders of the released 0.6B shapes and on the tiny golden fixture (the official float32
+waveform), and must meet ``quality.MIN_SNR_DB`` and ``quality.MAX_LOG_MEL_DB``. A path broken on
+purpose must miss them (the guard can fail).
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ torch = pytest.importorskip("torch")
 from s2s_daemon.errors import ConfigError  # noqa: E402
 from s2s_daemon.tts.torch_qwen3 import codec as codec_mod  # noqa: E402
 from s2s_daemon.tts.torch_qwen3 import native, quality  # noqa: E402
-from s2s_daemon.tts.torch_qwen3.codec import CodecDecoder, pick_codec_weights  # noqa: E402
+from s2s_daemon.tts.torch_qwen3.codec import CodecDecoder, int8_upsampler, pick_codec_weights  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(900)]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tiny"
 AUTO_PATHS = {torch.float32, torch.bfloat16}
-"""What ``auto`` can choose (``pick_codec_weights``): each is guarded below."""
+"""The matrix dtypes ``auto`` can choose (``pick_codec_weights``)."""
+GUARDED = [(torch.bfloat16, True), (torch.float32, True), (torch.bfloat16, False)]
+"""(matrix dtype, int8 upsampler) of every path but float32's own: ``auto``'s two (its int8
+upsampler beside either dtype) and ``codec_dtype: bfloat16``; each is guarded below."""
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +43,11 @@ def ext() -> Any:
     return module
 
 
-def _decoder(folder: Path, weights: Any, ext: Any) -> CodecDecoder:
+def _decoder(folder: Path, weights: Any, ext: Any, int8: bool = False) -> CodecDecoder:
     """As the engine loads it on the CPU."""
     decoder = CodecDecoder.from_folder(folder, "cpu", torch.float32, weights)
+    if int8:
+        assert decoder.int8_upsampler(ext) == 4  # two ConvNeXt blocks' pwconv1 and pwconv2
     native.pack_linears(decoder, "bfloat16" if weights == torch.bfloat16 else "float32", ext)
     decoder.use_native(ext)
     decoder.pack_onednn()
@@ -91,8 +97,8 @@ def test_every_auto_path_passes_on_a_random_released_shape_decoder(ext: Any, rel
     expected = reference.decode(codes)
     assert float(expected.pow(2).mean().sqrt()) > 0.02 and float((expected.abs() >= 1).float().mean()) < 0.01
     del reference
-    for weights in AUTO_PATHS - {torch.float32}:
-        decoder = _decoder(released_shapes, weights, ext)
+    for weights, int8 in GUARDED:
+        decoder = _decoder(released_shapes, weights, ext, int8)
         assert decoder.weights_dtype() == weights
         if weights == torch.bfloat16 and codec_mod.LOW_CONV_ONEDNN and torch.backends.mkldnn.is_available():
             # oneDNN's layout, for one frame's columns: pre_conv (12.5 Hz), the first decoder conv
@@ -102,8 +108,9 @@ def test_every_auto_path_passes_on_a_random_released_shape_decoder(ext: Any, rel
             packed = sorted(m.onednn_columns for m in convs if m.weight_onednn is not None)
             assert packed == [1, 4] + [32] * 6 + [160] * 6 + [640] * 6 + [1920] * 7
             assert all(m.weight_low is None for m in convs if m.weight_onednn is not None)
+        what = f"{weights}{' with an int8 upsampler' if int8 else ''}"
         for chunk in (4, 12):
-            _assert_guarded(expected, _streamed(decoder, codes, chunk), f"{weights}, pushes of {chunk}")
+            _assert_guarded(expected, _streamed(decoder, codes, chunk), f"{what}, pushes of {chunk}")
 
 
 @pytest.mark.slow
@@ -119,11 +126,12 @@ def test_every_auto_path_passes_on_the_golden_fixture(ext: Any, case: str) -> No
     ours = _decoder(folder, torch.float32, ext).decode(codes)
     if case == "cv_ryan_english":  # the ICL golden's wav has the reference's frames cut off
         _assert_guarded(official, ours, "float32 against the official waveform")
-    for weights in AUTO_PATHS - {torch.float32}:
-        audio = _streamed(_decoder(folder, weights, ext), codes, 4)
-        _assert_guarded(ours, audio, f"{weights} against float32")
+    for weights, int8 in GUARDED:
+        audio = _streamed(_decoder(folder, weights, ext, int8), codes, 4)
+        what = f"{weights}{' with an int8 upsampler' if int8 else ''}"
+        _assert_guarded(ours, audio, f"{what} against float32")
         if case == "cv_ryan_english":
-            _assert_guarded(official, audio, f"{weights} against the official waveform")
+            _assert_guarded(official, audio, f"{what} against the official waveform")
 
 
 @pytest.mark.slow
@@ -207,6 +215,8 @@ def test_auto_chooses_bfloat16_only_with_bfloat16_dot_products(
 ) -> None:
     dtype, why = pick_codec_weights(requested, object() if has_ext else None, flags, arch)
     assert dtype == want and why
+    # the int8 upsampler comes with auto alone, wherever the kernels are: float32 and bfloat16 are kept whole
+    assert int8_upsampler(requested, object() if has_ext else None) == (has_ext and requested in (None, "auto"))
     if dtype == torch.bfloat16 and not codec_mod.bf16_dot_products(flags, arch):  # the load's log says so
         assert "slower than float32" in why, why
     assert dtype in AUTO_PATHS
@@ -233,13 +243,17 @@ def test_the_engine_takes_the_codec_dtype_option(ext: Any) -> None:
 
     request = SynthesisRequest(text="Hello there.", voice="Ryan", language="english", greedy=True)
     audio = {}
-    for value in ("float32", "bfloat16"):
+    for value in ("float32", "bfloat16", "auto"):
         e = engine(value)
         try:
-            assert e.codec.weights_dtype() == getattr(torch, value)
+            int8 = {m.fmt for m in e.codec.upsample.modules() if isinstance(m, native.PackedLinear)} == {"int8"}
+            assert int8 == (value == "auto"), value  # auto's upsampler only; the others keep their dtype
+            if value != "auto":
+                assert e.codec.weights_dtype() == getattr(torch, value)
             audio[value] = torch.from_numpy(np.concatenate(list(e.synthesize_blocking(request, lambda: False))))
         finally:
             e.close_blocking()
     _assert_guarded(audio["float32"], audio["bfloat16"], "the engine's bfloat16 decoder")
+    _assert_guarded(audio["float32"], audio["auto"], "the engine's decoder under auto")
     with pytest.raises(ConfigError, match=r"tts\.options\.codec_dtype"):  # typed options: exit 78, as check-config says
         engine("half")

@@ -248,6 +248,22 @@ def pick_codec_weights(
     return torch.float32, "the CPU has no bfloat16 dot products"
 
 
+def int8_upsampler(requested: str | None, ext: Any) -> bool:
+    """Whether the CPU decoder's upsampler runs its ConvNeXt linears on int8 weights
+    (``CodecDecoder.int8_upsampler``): under ``codec_dtype: auto`` where the native kernels are
+    loaded, beside either matrix dtype; ``float32`` and ``bfloat16`` keep every matrix in theirs.
+
+    The upsampler's two ConvNeXt blocks hold four linears of 4 x 1024 x 1024 weights, a sixth of
+    the decoder's parameters (32 MiB in bfloat16, 64 in float32); as int8 (a scale per output
+    row, their input quantized per block of 32 as the talker's is) they take 16 MiB and the
+    kernels' integer dot products. Their audio alone is as far from float32's as one bfloat16
+    rounding, and with the bfloat16 decoder it stays within the quality guard
+    (``tests/test_codec_precision.py``; ``scripts/bench_codec.py`` shows both, and a push's time).
+    The pre-transformer's linears in int8 missed the guard, so they keep the matrix dtype.
+    """
+    return ext is not None and (requested or "auto").strip().lower() == "auto"
+
+
 def native_row_limit(ext: Any, weight: Tensor, columns: int = 16, reps: int = 3) -> int:
     """Up to how many rows the codec's few-row GEMMs go to the native kernels on this machine: their
     weight-streaming kernel (``ext.MAX_STREAM_ROWS`` rows) always; their register-blocked product
@@ -946,6 +962,14 @@ class CodecDecoder(nn.Module):
             weights=str(weights or dtype),
         )  # fmt: skip
         return model
+
+    def int8_upsampler(self, ext: Any) -> int:
+        """Give the upsampler's ConvNeXt linears int8 weights on the native kernels (``int8_upsampler``
+        says when); returns how many. Call before packing the rest (``native.pack_linears``), on
+        the CPU: each weight is quantized from the dtype it was loaded in."""
+        from s2s_daemon.tts.torch_qwen3.native import pack_linears
+
+        return pack_linears(self.upsample, "int8", ext)
 
     def weights_dtype(self) -> torch.dtype:
         """The dtype of the matrix weights (``from_folder``'s ``weights``)."""

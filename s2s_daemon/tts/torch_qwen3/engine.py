@@ -382,21 +382,29 @@ class TorchQwen3Engine:
         except ImportError as exc:
             raise EngineError(f"the torch codec decoder is not available in this build: {exc}") from exc
         # The decoder runs in float32 on the CPU (its matrix weights in bfloat16 where codec.pick_codec_weights
-        # says so) and in the model dtype (bf16) elsewhere; int8 is talker-only.
+        # says so, its upsampler's linears in int8 where codec.int8_upsampler does) and in the model dtype
+        # (bf16) elsewhere.
         codec_dtype = torch.float32 if device.type == "cpu" else dtype
         weights = codec_dtype
+        int8 = False
         if device.type == "cpu":
-            from s2s_daemon.tts.torch_qwen3.codec import pick_codec_weights
+            from s2s_daemon.tts.torch_qwen3.codec import int8_upsampler, pick_codec_weights
 
+            requested = self._opts().codec_dtype
             try:
-                weights, why = pick_codec_weights(self._opts().codec_dtype, ext)
+                weights, why = pick_codec_weights(requested, ext)
             except ValueError as exc:
                 raise EngineError(str(exc)) from exc
-            log.info("codec_weights_chosen", dtype=str(weights).removeprefix("torch."), reason=why)
+            int8 = int8_upsampler(requested, ext)
+            log.info(
+                "codec_weights_chosen", dtype=str(weights).removeprefix("torch."), reason=why, int8_upsampler=int8
+            )  # fmt: skip
         codec = CodecDecoder.from_folder(folder / "speech_tokenizer", device, codec_dtype, weights)
         if ext is not None:
             from s2s_daemon.tts.torch_qwen3.native import pack_linears
 
+            if int8:
+                codec.int8_upsampler(ext)
             pack_linears(codec, "bfloat16" if weights == torch.bfloat16 else "float32", ext)
             codec.use_native(ext)
             codec.pack_onednn()
