@@ -1,22 +1,27 @@
 """Emoji left out or said by their name in the request's language (the ``emoji`` package's CLDR
-names); a run of the same emoji is named once."""
+names); a run of the same emoji is named once. The package (3 MiB of tables) is imported by the
+first text that is not ASCII: an ASCII text has no emoji."""
 
 from __future__ import annotations
-
-import emoji
 
 from s2s_daemon.text.languages import CJK
 
 
 def drop_emoji(text: str) -> str:
     """``text`` without its emoji."""
-    return emoji.replace_emoji(text, "") if not text.isascii() else text
+    if text.isascii():
+        return text
+    import emoji
+
+    return emoji.replace_emoji(text, "")
 
 
 def name_emoji(text: str, language: str | None) -> str:
     """``text`` with each emoji replaced by its name (English where the language is unknown)."""
     if text.isascii():
         return text
+    import emoji
+
     found = emoji.emoji_list(text)
     if not found:
         return text

@@ -16,8 +16,6 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from num2words import num2words
-
 from s2s_daemon.text import chinese
 from s2s_daemon.text.languages import CJK, CURRENCIES, DATE_FORMAT, MONTHS, TIME_UNITS, UNITS, form
 
@@ -111,6 +109,8 @@ def words(value: Decimal, language: str, *, to: str = "cardinal", currency: str 
         return sign + (chinese.decimal(whole, fraction) if fraction else chinese.cardinal(int(whole)))
     if language not in _N2W:
         return None
+    from num2words import num2words  # imported by the first text with a number: 3 MiB of tables
+
     try:
         number: Decimal | int = int(value) if value == value.to_integral_value() and to != "currency" else value
         if to == "currency":
