@@ -6,10 +6,13 @@ Forms (``--forms``, comma-separated; the first is the reference the others are c
 - ``float32``: float32 weights, as the engine loads them with ``codec_dtype: float32``;
 - ``bfloat16``: bfloat16 matrix weights with float32 activations (``codec_dtype: bfloat16``, what
   ``auto`` takes on a CPU with bfloat16 dot products): few-column products on the native kernels,
-  many-column ones on oneDNN's bfloat16 dot products, its convs on weights oneDNN packed at load
-  (``CodecDecoder.pack_onednn``);
-- ``bfloat16-plain``: ``bfloat16`` with the convs' weights in their plain layout, which oneDNN
-  lays out anew on every call (the form before ``pack_onednn``);
+  many-column ones on oneDNN's bfloat16 dot products, the convs' weights in their plain layout,
+  which oneDNN lays out for itself on every call;
+- ``bfloat16-packed``: ``bfloat16`` with the convs on weights oneDNN laid out once, at load, for
+  one frame's columns (``CodecDecoder.pack_onednn``), with ``--pack-threads`` threads in force
+  (default ``--threads``): the engine's form until 2026-12-07. oneDNN's layout depends on the
+  threads: ``--threads 1 --pack-threads 2`` is the codec's own thread beside the talker on two
+  cores, or one thread on a busy machine, with the weights packed at the load's two;
 - ``auto``: as the engine loads it under ``codec_dtype: auto``: the matrix dtype
   ``pick_codec_weights`` chooses here, the upsampler's ConvNeXt linears in int8
   (``int8_upsampler``);
@@ -49,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from s2s_daemon.bench.machine import machine_line
 from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table
 
-FORMS = ("float32", "bfloat16", "bfloat16-plain", "auto", "blocked", "oneDNN")
+FORMS = ("float32", "bfloat16", "bfloat16-packed", "auto", "blocked", "oneDNN")
 
 
 def main() -> int:
@@ -57,6 +60,7 @@ def main() -> int:
     parser.add_argument("model", help="checkpoint folder (or its speech_tokenizer folder)")
     parser.add_argument("--forms", default="float32,bfloat16,auto", help=f"comma-separated, of {', '.join(FORMS)}")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--pack-threads", type=int, default=None, help="threads in force while bfloat16-packed packs")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--chunks", default="1,4", help="frames per push, comma-separated")
     parser.add_argument("--pushes", type=int, default=6, help="pushes timed per round, form and chunk size")
@@ -95,8 +99,10 @@ def main() -> int:
             decoder.int8_upsampler(ext)
         native.pack_linears(decoder, "bfloat16" if low else "float32", ext)  # as the engine does
         decoder.use_native(ext)
-        if name != "bfloat16-plain":
+        if name == "bfloat16-packed":
+            torch.set_num_threads(args.pack_threads or args.threads)
             decoder.pack_onednn()
+            torch.set_num_threads(args.threads)
         if name in ("blocked", "oneDNN"):  # every few-row GEMM of up to 64 rows on the native kernels
             for module in decoder.modules():
                 if isinstance(module, (codec_mod.CausalConv1d, codec_mod.CausalConvTranspose1d)):
@@ -165,8 +171,9 @@ def main() -> int:
     guard = f"guard: SNR >= {quality.MIN_SNR_DB:.0f} dB and log-mel <= {quality.MAX_LOG_MEL_DB:.1f} dB against {first}"
     print(guard)
     bf16_convs = (
-        "the convs on weights oneDNN packed at load (bfloat16-plain: in their plain layout, which oneDNN lays"
-        " out anew on every call)"
+        "the convs' weights in their plain layout, which oneDNN lays out for itself on every call"
+        f" (bfloat16-packed: on weights oneDNN laid out at load, with {args.pack_threads or args.threads}"
+        " threads in force)"
         if codec_mod.LOW_CONV_ONEDNN
         else "the convs as products of stacked taps (oneDNN runs no bfloat16 convolution on this CPU)"
     )

@@ -313,7 +313,7 @@ def test_bench_codec_on_the_tiny_checkpoint_publishes_each_form_and_a_new_stream
     if native.why_not_here() is not None:
         pytest.skip(f"no native kernels here: {native.why_not_here()}")
     page = scratch_page(tmp_path)
-    forms = ("float32", "bfloat16", "bfloat16-plain", "auto")
+    forms = ("float32", "bfloat16", "bfloat16-packed", "auto")
     done = run_script(
         "bench_codec.py", str(TINY), "--forms", ",".join(forms), "--chunks", "1,4", "--rounds", "1",
         "--pushes", "2", "--threads", "1", page=page,

@@ -1022,8 +1022,12 @@ class CodecDecoder(nn.Module):
         oneDNN's layout for one frame's columns, in place of the plain one
         (``CausalConv1d.pack_onednn``); returns how many. Call after ``use_native``, on the CPU: the
         columns a frame gives each conv are counted on a one-frame push. Every push of these convs
-        then runs on oneDNN, those of a few columns too (the native kernels took them before: as
-        fast for one frame, and a four-frame push of the 50 Hz stage no longer lays out its weight)."""
+        then runs on oneDNN, those of a few columns too.
+
+        The engine does not call it: the layout is the one oneDNN wants at the threads in force
+        here, and a push with another count lays the weight out again on every call (from this
+        layout, slower than from the plain one). ``scripts/bench_codec.py``'s ``bfloat16-packed``
+        form measures it, packed at ``--pack-threads``."""
         convs = [m for m in self.modules() if isinstance(m, CausalConv1d) and m.weight_low is not None]
         if not convs or not _onednn_here():
             return 0

@@ -407,7 +407,10 @@ class TorchQwen3Engine:
                 codec.int8_upsampler(ext)
             pack_linears(codec, "bfloat16" if weights == torch.bfloat16 else "float32", ext)
             codec.use_native(ext)
-            codec.pack_onednn()
+            # Not codec.pack_onednn(): oneDNN lays a packed weight out for the threads in force when
+            # it packs, and a push with another count (the codec's own thread beside the talker, one
+            # thread on a busy machine) lays it out again on every call, slower than from the plain
+            # layout (scripts/bench_codec.py --pack-threads; docs/internals.md).
         small_batch_linears(codec)
         return codec
 
