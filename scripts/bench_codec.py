@@ -95,10 +95,7 @@ def main() -> int:
         low = name.startswith("bfloat16") or (name == "auto" and auto == torch.bfloat16)
         weights = torch.bfloat16 if low else torch.float32
         decoder = codec_mod.CodecDecoder.from_folder(folder, "cpu", torch.float32, weights)
-        if name == "auto" and codec_mod.int8_upsampler("auto", ext):
-            decoder.int8_upsampler(ext)
-        native.pack_linears(decoder, "bfloat16" if low else "float32", ext)  # as the engine does
-        decoder.use_native(ext)
+        decoder.prepare_native(ext, name == "auto" and codec_mod.int8_upsampler("auto", ext))  # as the engine does
         if name == "bfloat16-packed":
             torch.set_num_threads(args.pack_threads or args.threads)
             decoder.pack_onednn()

@@ -47,10 +47,9 @@ def _decoder(folder: Path, weights: Any, ext: Any, int8: bool = False, packed: b
     """As the engine loads it on the CPU; ``packed``: the convs on weights oneDNN laid out at load
     (``pack_onednn``, which the engine no longer calls; scripts/bench_codec.py still measures it)."""
     decoder = CodecDecoder.from_folder(folder, "cpu", torch.float32, weights)
-    if int8:
-        assert decoder.int8_upsampler(ext) == 4  # two ConvNeXt blocks' pwconv1 and pwconv2
-    native.pack_linears(decoder, "bfloat16" if weights == torch.bfloat16 else "float32", ext)
-    decoder.use_native(ext)
+    decoder.prepare_native(ext, int8)
+    int8_linears = [m for m in decoder.modules() if isinstance(m, native.PackedLinear) and m.fmt == "int8"]
+    assert len(int8_linears) == (4 if int8 else 0)  # two ConvNeXt blocks' pwconv1 and pwconv2
     if packed:
         decoder.pack_onednn()
     return decoder

@@ -930,8 +930,8 @@ class CodecDecoder(nn.Module):
         ``weights``: the dtype of the matrix weights (convs other than depthwise, transposed convs,
         linears of a width the native kernels take), ``dtype`` by default. ``torch.bfloat16`` with
         float32 ``dtype`` on the CPU is the bfloat16 decoder (``codec_weights``): weights at half
-        the bytes, activations, norms and SnakeBeta in float32; its linears need
-        ``native.pack_linears(decoder, "bfloat16", ext)``.
+        the bytes, activations, norms and SnakeBeta in float32; its linears need the native
+        kernels (``prepare_native``).
         """
         folder = Path(folder)
         raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -970,6 +970,17 @@ class CodecDecoder(nn.Module):
         from s2s_daemon.tts.torch_qwen3.native import pack_linears
 
         return pack_linears(self.upsample, "int8", ext)
+
+    def prepare_native(self, ext: Any, int8: bool = False) -> None:
+        """Put the CPU decoder on the native kernels as the engine runs it: with ``int8`` the
+        upsampler's linears in int8 (``int8_upsampler``), every other linear packed in the matrix
+        weights' dtype, then the convs' few-column products and SnakeBeta (``use_native``)."""
+        from s2s_daemon.tts.torch_qwen3.native import pack_linears
+
+        if int8:
+            self.int8_upsampler(ext)
+        pack_linears(self, "bfloat16" if self.weights_dtype() == torch.bfloat16 else "float32", ext)
+        self.use_native(ext)
 
     def weights_dtype(self) -> torch.dtype:
         """The dtype of the matrix weights (``from_folder``'s ``weights``)."""

@@ -401,12 +401,7 @@ class TorchQwen3Engine:
             )  # fmt: skip
         codec = CodecDecoder.from_folder(folder / "speech_tokenizer", device, codec_dtype, weights)
         if ext is not None:
-            from s2s_daemon.tts.torch_qwen3.native import pack_linears
-
-            if int8:
-                codec.int8_upsampler(ext)
-            pack_linears(codec, "bfloat16" if weights == torch.bfloat16 else "float32", ext)
-            codec.use_native(ext)
+            codec.prepare_native(ext, int8)
             # Not codec.pack_onednn(): oneDNN lays a packed weight out for the threads in force when
             # it packs, and a push with another count (the codec's own thread beside the talker, one
             # thread on a busy machine) lays it out again on every call, slower than from the plain
