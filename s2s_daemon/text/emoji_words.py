@@ -1,5 +1,5 @@
 """Emoji left out or said by their name in the request's language (the ``emoji`` package's CLDR
-names); a run of the same emoji is named once. The package (3 MiB of tables) is imported by the
+names); a run of the same emoji is named once. The package and its tables are imported by the
 first text that is not ASCII: an ASCII text has no emoji."""
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def words(value: Decimal, language: str, *, to: str = "cardinal", currency: str 
         return sign + (chinese.decimal(whole, fraction) if fraction else chinese.cardinal(int(whole)))
     if language not in _N2W:
         return None
-    from num2words import num2words  # imported by the first text with a number: 3 MiB of tables
+    from num2words import num2words  # imported by the first text with a number (its tables, per language)
 
     try:
         number: Decimal | int = int(value) if value == value.to_integral_value() and to != "currency" else value
