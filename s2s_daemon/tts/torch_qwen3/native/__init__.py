@@ -47,7 +47,7 @@ PACK_LAYOUT = 1
 """Version of what ``_pack`` writes (row pairing, nibble order, scale and min layout); bump it with
 any change there. Prepared weights (``prepared.py``) are keyed by it and by the kernels' sources."""
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 """``kernels.h``'s ``kAbiVersion``: the structures and functions this module calls."""
 
 LIBRARY = Path(__file__).with_name("_kernels.so")
@@ -117,6 +117,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "s2s_stack_free": (None, [_P]),
     "s2s_stack_run": (ctypes.c_int, [_P, _P, _I64, _P, _P, _I64, _I64, _P, _P, _P, ctypes.c_int]),
     "s2s_stack_run_rows": (ctypes.c_int, [_P, _P, _I64, _P, _P, _P, _P, ctypes.c_int]),
+    "s2s_sample": (ctypes.c_int, [_P, _I64, ctypes.c_float, _I64, ctypes.c_float, ctypes.c_double, _P]),
 }
 
 
@@ -292,6 +293,7 @@ class Kernels:
         bfloat16 tiles, not int8 ones), the fewest rows that take the prompt's products; 0 where
         the numbers are the same (``Stack.prompt_rows``)."""
         self._linear = lib.s2s_linear
+        self._sample = lib.s2s_sample
         self._widen = lib.s2s_widen
 
     def __repr__(self) -> str:
@@ -322,6 +324,20 @@ class Kernels:
             if rc:
                 self._check(rc)
         return y
+
+    def sample(self, logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u: float) -> int:
+        """One id drawn from float32 ``logits`` (one row, contiguous, on the CPU) as HF's sampling
+        draws it: temperature, top-k (ties at the k-th kept), top-p, softmax, then ``u`` (uniform in
+        [0, 1), from the caller's generator) picks it (``sampling.choose``). One call in place of the
+        dozen torch operators of the same steps, each slow between the kernels' passes (their
+        caches gone); ValueError where torch's draw would refuse (NaN, no finite score)."""
+        if logits.dtype is not torch.float32 or not logits.is_cpu or not logits.is_contiguous():
+            raise ValueError("logits must be contiguous float32 on the CPU")
+        out = ctypes.c_int64()
+        rc = self._sample(logits.data_ptr(), logits.numel(), temperature, top_k, top_p, u, ctypes.byref(out))
+        if rc:
+            raise ValueError(self._lib.s2s_error().decode())
+        return out.value
 
     def _widened_mm(self, weight: _Weight, rows: torch.Tensor) -> torch.Tensor:
         """Longer inputs: a block of weight rows (4 MiB) widened into a float32 buffer by the library,

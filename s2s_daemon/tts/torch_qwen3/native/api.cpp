@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <vector>
 
@@ -216,6 +217,64 @@ S2S_API int s2s_linear(const void* ops_, const Weight* w, const float* x, int64_
   else
     ops->blocked(*w, x, M, y, threads);
   return 0;
+}
+
+// One id drawn from float32 logits [V] the way HF's sampling draws it (sampling.choose): the
+// scores are the logits over `temperature`; with 0 < top_k < V only the scores at least the
+// top_k-th largest stay (a tie at it stays too, as HF's mask keeps it); with top_p < 1, of those
+// in ascending order, the ones while the softmax's running sum stays <= 1 - top_p go (the largest
+// always stays). Then `u` (uniform in [0, 1), from the caller's generator) times the softmax total
+// of what stayed picks the id, walking them from the largest score (in index order when top_p is
+// 1: no sort). Fails on a NaN or infinite largest score (torch's draw refuses them too).
+S2S_API int s2s_sample(const float* logits, int64_t V, float temperature, int64_t top_k, float top_p, double u,
+                       int64_t* id) {
+  if (logits == nullptr || id == nullptr || V <= 0) return fail("no logits");
+  if (!(temperature > 0.f)) return fail("temperature %g (must be > 0)", static_cast<double>(temperature));
+  if (!(u >= 0.0 && u < 1.0)) return fail("u %g (must be in [0, 1))", u);
+  try {
+    std::vector<float> s(static_cast<size_t>(V));
+    for (int64_t i = 0; i < V; ++i) {
+      s[i] = logits[i] / temperature;
+      if (std::isnan(s[i])) return fail("logit %lld is NaN", static_cast<long long>(i));
+    }
+    float kth = -INFINITY;
+    if (top_k > 0 && top_k < V) {
+      std::vector<float> copy(s);
+      std::nth_element(copy.begin(), copy.begin() + (top_k - 1), copy.end(), std::greater<float>());
+      kth = copy[top_k - 1];
+    }
+    std::vector<int32_t> kept;
+    kept.reserve(static_cast<size_t>(top_k > 0 && top_k < V ? top_k : V));
+    float top = -INFINITY;
+    for (int64_t i = 0; i < V; ++i)
+      if (s[i] >= kth) {
+        kept.push_back(static_cast<int32_t>(i));
+        top = std::max(top, s[i]);
+      }
+    if (!std::isfinite(top)) return fail("no finite largest score (%g)", static_cast<double>(top));
+    if (top_p < 1.f)  // largest first, ties by index
+      std::sort(kept.begin(), kept.end(), [&](int32_t a, int32_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+    std::vector<double> e(kept.size());
+    double total = 0.0;
+    for (size_t j = 0; j < kept.size(); ++j) total += e[j] = std::exp(static_cast<double>(s[kept[j]] - top));
+    size_t n = kept.size();
+    if (top_p < 1.f) {
+      double running = 0.0;
+      while (n > 1 && (running += e[n - 1] / total) <= 1.0 - static_cast<double>(top_p)) --n;
+      total = 0.0;
+      for (size_t j = 0; j < n; ++j) total += e[j];
+    }
+    const double r = u * total;
+    double acc = 0.0;
+    for (size_t j = 0; j < n; ++j) {
+      acc += e[j];
+      if (r < acc) return *id = kept[j], 0;
+    }
+    *id = kept[n - 1];  // u * total rounded up to the total
+    return 0;
+  } catch (const std::bad_alloc&) {
+    return fail("out of memory");
+  }
 }
 
 // Rows [n0, n1) of the weight as float32 into dst [n1 - n0, K].

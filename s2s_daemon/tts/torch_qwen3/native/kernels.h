@@ -33,7 +33,7 @@ constexpr int kI8 = 2;
 constexpr int kI4 = 3;
 constexpr int64_t kMaxRows = 4;          // rows streamed: decoding, a batch's step, the Stack's positions
 constexpr int64_t kBlockedMaxRows = 64;  // rows of the register-blocked product (a prompt)
-constexpr int kAbiVersion = 1;           // native/__init__.py's ABI_VERSION: bump with any change below
+constexpr int kAbiVersion = 2;           // native/__init__.py's ABI_VERSION: bump with any change below
 
 // A packed weight: what PackedLinear's tensors hold (native/__init__.py's _Weight, same order).
 //   f32   float32 [N, K]
