@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +23,9 @@ from s2s_daemon.tts.torch_qwen3.layers import KVCache, rope_tables
 from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings
 from s2s_daemon.tts.torch_qwen3.sampling import apply_repetition_penalty, choose
 from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights
+
+if TYPE_CHECKING:
+    from s2s_daemon.tts.torch_qwen3.native import Kernels
 
 SUPPRESSED_TAIL = 1024
 """The official generate suppresses the top 1024 codec ids (control codes) except EOS."""
@@ -183,6 +187,9 @@ class TalkerRuntime:
         """A ``graphs.CudaGraphSteps`` when CUDA graphs are enabled."""
         self.probe: DecodeProbe | None = None
         """Test/diagnostic hook that sees raw logits; None in service."""
+        self.kernels: Kernels | None = None
+        """The native CPU kernels, where the engine runs on them: the sampled draws take
+        ``Kernels.sample`` (``sampling.choose``)."""
         self.prefixes: PrefixCache | None = PrefixCache(PREFIX_ROWS)
         """Keys and values of recent prompts' beginnings; None runs every prompt whole."""
 
@@ -271,7 +278,7 @@ class TalkerRuntime:
                 logits = self.predictor_logits(self.frame_embeds[:, step : step + 1], step)
             if self.probe is not None:
                 self.probe.predictor_logits(frame, step + 1, logits)
-            code = choose(logits, settings, greedy, generator)
+            code = choose(logits, settings, greedy, generator, self.kernels)
             codes[step + 1 : step + 2].copy_(code[0])
             self.frame_embeds[0, step + 1 : step + 2].copy_(cp_tables[step](code[0]))
 
@@ -287,7 +294,7 @@ class TalkerRuntime:
         """Codebook 0 of frame ``step`` (``[1, 1]``, marked in ``seen``), or None at end of speech."""
         logits = apply_repetition_penalty(logits, seen, gen.repetition_penalty)
         mask = self.suppress_early if step < MIN_NEW_TOKENS else self.suppress
-        code0 = choose(logits.masked_fill(mask, float("-inf")), gen.talker, greedy, generator)
+        code0 = choose(logits.masked_fill(mask, float("-inf")), gen.talker, greedy, generator, self.kernels)
         if int(code0) == self.cfg.talker.codec_eos_id:
             return None
         seen.scatter_(1, code0, True)
@@ -463,6 +470,6 @@ class TalkerRuntime:
                 last = h[0]
             logits = cp.lm_head[step](last).float()
             for k, (seq, row) in enumerate(live):
-                code = choose(logits[k : k + 1], settings, seq.options.greedy, seq.generator)
+                code = choose(logits[k : k + 1], settings, seq.options.greedy, seq.generator, self.kernels)
                 row[step + 1 : step + 2].copy_(code[0])
                 seq.frame_embeds[0, step + 1 : step + 2].copy_(tables[step](code[0]))

@@ -6,9 +6,14 @@ temperature, top-k, top-p and a multinomial draw. Greedy is argmax after the pen
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from s2s_daemon.tts.torch_qwen3.config import SamplingSettings
+
+if TYPE_CHECKING:
+    from s2s_daemon.tts.torch_qwen3.native import Kernels
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -23,12 +28,28 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
 
 
 def choose(
-    logits: torch.Tensor, settings: SamplingSettings, greedy: bool, generator: torch.Generator | None
+    logits: torch.Tensor,
+    settings: SamplingSettings,
+    greedy: bool,
+    generator: torch.Generator | None,
+    kernels: Kernels | None = None,
 ) -> torch.Tensor:
-    """Pick one id per row of float32 ``logits`` ``[1, V]``; returns a long tensor ``[1, 1]``."""
+    """Pick one id per row of float32 ``logits`` ``[1, V]``; returns a long tensor ``[1, 1]``.
+
+    With ``kernels`` (the native CPU kernels) a row on the CPU is drawn by ``Kernels.sample`` in one
+    call, from the same distribution, with one uniform number from ``generator``: the code
+    predictor draws 15 times a frame, and each of the dozen torch operators of a draw here runs
+    slowly between the kernels' passes, which leave the caches cold (``scripts/bench_sampling.py``).
+    """
     if greedy or not settings.do_sample:
         return logits.argmax(dim=-1, keepdim=True)
-    scores = logits / settings.temperature if settings.temperature not in (0.0, 1.0) else logits
+    temperature = settings.temperature if settings.temperature not in (0.0, 1.0) else 1.0
+    if kernels is not None and logits.device.type == "cpu" and logits.shape[0] == 1 and logits.dtype == torch.float32:
+        u = float(torch.rand((), dtype=torch.float64, generator=generator))
+        row = logits if logits.is_contiguous() else logits.contiguous()
+        drawn = kernels.sample(row, temperature, settings.top_k, settings.top_p, u)
+        return torch.full((1, 1), drawn, dtype=torch.long)
+    scores = logits / temperature if temperature != 1.0 else logits
     if scores.device.type == "cpu" and 0 < settings.top_k < scores.shape[-1]:
         kept = top_k_probabilities(scores, settings)
         if kept is not None:
