@@ -106,13 +106,15 @@ def test_bench_sampling_prints_its_figures_and_publishes_them(tmp_path: Path) ->
     pytest.importorskip("torch")
     page = scratch_page(tmp_path)
     before = page.read_text(encoding="utf-8")
-    done = run_script("bench_sampling.py", "--rounds", "2", "--draws", "20", "--threads", "1", page=page)
+    done = run_script(
+        "bench_sampling.py", "--rounds", "2", "--draws", "20", "--threads", "1", "--between", "8", page=page
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "top-k candidates:" in done.stdout and "whole / top-k:" in done.stdout
+    assert "native (one call):" in done.stdout and "top-k candidates:" in done.stdout and "/ native" in done.stdout
     section = section_of(page, "sampling")
     assert page.read_text(encoding="utf-8").startswith(before)  # appended; the page's own text kept
-    assert "| draw over        | us per draw (median) |" in section
-    assert "| top-k candidates |" in section and "1.00x |" in section
+    assert "| draw              | us per draw (median) |" in section
+    assert "| native (one call) |" in section and "1.00x |" in section and "| whole vocabulary  |" in section
     assert "- command: `" in section and "scripts/bench_sampling.py --rounds 2 --draws 20" in section
     assert not page.with_name("never-written.md").exists()
 
