@@ -106,13 +106,16 @@ def test_bench_sampling_prints_its_figures_and_publishes_them(tmp_path: Path) ->
     pytest.importorskip("torch")
     page = scratch_page(tmp_path)
     before = page.read_text(encoding="utf-8")
+    start, end = sections(before).get("sampling", (len(before), len(before)))
     done = run_script(
         "bench_sampling.py", "--rounds", "2", "--draws", "20", "--threads", "1", "--between", "8", page=page
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "native (one call):" in done.stdout and "top-k candidates:" in done.stdout and "/ native" in done.stdout
     section = section_of(page, "sampling")
-    assert page.read_text(encoding="utf-8").startswith(before)  # appended; the page's own text kept
+    after = page.read_text(encoding="utf-8")
+    start_after, end_after = sections(after)["sampling"]
+    assert after[:start_after] + after[end_after:] == before[:start] + before[end:]  # the rest of the page kept
     assert "| draw              | us per draw (median) |" in section
     assert "| native (one call) |" in section and "1.00x |" in section and "| whole vocabulary  |" in section
     assert "- command: `" in section and "scripts/bench_sampling.py --rounds 2 --draws 20" in section
