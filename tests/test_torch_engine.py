@@ -434,6 +434,7 @@ def test_native_kernels_give_the_torch_kernels_codes(cv: TorchQwen3Engine) -> No
     try:
         assert fused.runtime is not None and fused.runtime.talker.model.native is not None
         assert plain.runtime is not None and plain.runtime.talker.model.native is None
+        assert fused.runtime.kernels is not None and plain.runtime.kernels is None  # the sampled draws' one call
         request = _request(greedy=True)
         assert torch.equal(fused.codes_blocking(request, max_frames=10), plain.codes_blocking(request, max_frames=10))
     finally:
