@@ -212,7 +212,7 @@ class TorchQwen3Engine:
         if cfg.mode == "base":
             self._load_clone_encoders(folder, device, dtype)
         runtime = TalkerRuntime(weights, cfg, device, dtype)
-        runtime.kernels = ext if device.type == "cpu" else None
+        runtime.kernels = ext  # the native kernels: on the CPU only (_weight_format)
         prefix_rows = self._opts().prefix_cache_rows
         if prefix_rows is not None:
             runtime.prefixes = PrefixCache(prefix_rows) if prefix_rows > 0 else None
