@@ -3,7 +3,8 @@
 Decoding is a chain of one-row products over every weight of the talker and code predictor, so
 its speed is the speed at which weights stream from memory. The kernels read float32, bfloat16,
 int8 (per output channel) or 4-bit (affine, per group) weights once per call and accumulate in
-float32; a whole decoder stack runs one position per call (``Stack``).
+float32; a whole decoder stack runs one position per call (``Stack``), and the code predictor a
+whole frame's codebooks (``Predictor``).
 
 ``pip install`` compiles them (``setup.py``) into ``_kernels.so``, a plain C library: no torch
 headers, so any torch version loads it and pip builds it without torch. It carries every
@@ -47,7 +48,7 @@ PACK_LAYOUT = 1
 """Version of what ``_pack`` writes (row pairing, nibble order, scale and min layout); bump it with
 any change there. Prepared weights (``prepared.py``) are keyed by it and by the kernels' sources."""
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 """``kernels.h``'s ``kAbiVersion``: the structures and functions this module calls."""
 
 LIBRARY = Path(__file__).with_name("_kernels.so")
@@ -96,8 +97,23 @@ class _Row(ctypes.Structure):
     _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("max_len", ctypes.c_int64), ("pos", ctypes.c_int64)]
 
 
+class _Table(ctypes.Structure):
+    """``s2s::Table``: an embedding table a ``Predictor`` looks codes up in (memory, or a file)."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("offset", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("cols", ctypes.c_int64),
+        ("dtype", ctypes.c_int32),
+        ("fd", ctypes.c_int32),
+    ]
+
+
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
+_INT = ctypes.c_int
+_F32 = ctypes.c_float
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "s2s_error": (ctypes.c_char_p, []),
     "s2s_abi_version": (ctypes.c_int, []),
@@ -118,6 +134,14 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "s2s_stack_run": (ctypes.c_int, [_P, _P, _I64, _P, _P, _I64, _I64, _P, _P, _P, ctypes.c_int]),
     "s2s_stack_run_rows": (ctypes.c_int, [_P, _P, _I64, _P, _P, _P, _P, ctypes.c_int]),
     "s2s_sample": (ctypes.c_int, [_P, _I64, ctypes.c_float, _I64, ctypes.c_float, ctypes.c_double, _P]),
+    "s2s_predictor_new": (_P, [_P, _P, _P, _P, _I64, _I64]),
+    "s2s_predictor_free": (None, [_P]),
+    "s2s_predictor_run": (
+        ctypes.c_int,
+        # predictor, hidden, first, k, v, max_len, cos, sin, greedy, temperature, top_k, top_p, u,
+        # codes, embeds, threads
+        [_P, _P, _P, _P, _P, _I64, _P, _P, _INT, _F32, _I64, _F32, _P, _P, _P, _INT],
+    ),
 }
 
 
@@ -645,6 +669,123 @@ class Stack:
         return out
 
 
+_TABLE_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+"""The dtypes a ``Predictor``'s tables may hold, by their code in ``kernels.h``."""
+
+
+def _table(source: Any) -> _Table:
+    """The ``s2s::Table`` over an embedding table: a CPU tensor ``[rows, cols]``, or rows read from
+    a file (``checkpoint.FileRows``: ``fd``, ``start``, ``rows``, ``cols``, ``dtype``)."""
+    if isinstance(source, torch.Tensor):
+        if source.dim() != 2 or not source.is_cpu or not source.is_contiguous() or source.dtype not in _TABLE_DTYPES:
+            raise ValueError("a table in memory must be a contiguous float32 or bfloat16 CPU tensor [rows, cols]")
+        rows, cols = source.shape
+        return _Table(source.data_ptr(), 0, rows, cols, _TABLE_DTYPES[source.dtype], -1)
+    if source.dtype not in _TABLE_DTYPES:
+        raise ValueError(f"a table of {source.dtype} (the library reads float32 and bfloat16 rows)")
+    return _Table(None, source.start, source.rows, source.cols, _TABLE_DTYPES[source.dtype], source.fd)
+
+
+class Predictor:
+    """The code predictor's frame in one library call (``s2s_predictor_run``): codebooks 1..G-1,
+    each its stack's pass, its head, the code (argmax, or drawn as ``Kernels.sample`` draws it) and
+    its embedding's row, as ``runtime.predict_frame`` makes them a torch call at a time, with the
+    same kernels and so the same numbers. Per frame that is one call in place of about 15 x 8
+    Python calls, each slow right after a pass of the weights has emptied the caches.
+
+    Holds its ``Stack``, the projection from the talker's width (None where the widths are equal),
+    the heads and the tables (tensors or ``checkpoint.FileRows``) alive as long as itself.
+    """
+
+    def __init__(
+        self,
+        kernels: Kernels,
+        stack: Stack,
+        project: PackedLinear | None,
+        heads: Sequence[PackedLinear],
+        tables: Sequence[Any],
+        width: int,
+    ) -> None:
+        lib = kernels._lib
+        self._lib = lib
+        self.steps = len(heads)
+        if len(tables) != self.steps:
+            raise ValueError("one table per head")
+        self.width = width
+        self._stack = stack
+        self._keep: list[Any] = [stack, project, *heads, *tables]
+        head_table = (_Weight * self.steps)(*(h.weight_struct for h in heads))
+        table_table = (_Table * self.steps)(*(_table(t) for t in tables))
+        handle = lib.s2s_predictor_new(
+            stack._handle,
+            ctypes.addressof(project.weight_struct) if project is not None else None,
+            ctypes.addressof(head_table),
+            ctypes.addressof(table_table),
+            self.steps,
+            width,
+        )
+        if not handle:
+            raise ValueError(lib.s2s_error().decode())
+        self._handle = handle
+        self._run = lib.s2s_predictor_run
+        weakref.finalize(self, lib.s2s_predictor_free, handle)
+
+    def run(
+        self,
+        hidden: torch.Tensor,
+        first: torch.Tensor,
+        k_all: torch.Tensor,
+        v_all: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        u: torch.Tensor | None,
+        sampling: tuple[float, int, float],
+        codes: torch.Tensor,
+        embeds: torch.Tensor,
+    ) -> None:
+        """``hidden`` (the talker's normed state) and ``first`` (codebook 0's embedding), float32
+        ``width`` each, at positions 0 and 1 of the predictor's cache; writes the frame's codes
+        into ``codes`` (int64, ``steps``) and their embeddings into ``embeds`` (float32 ``[steps,
+        width]``). ``u``: float64 ``[steps]`` uniform numbers, one per draw, or None for argmax;
+        ``sampling``: (temperature, top_k, top_p). cos/sin: the predictor's rope tables, ``[>= steps
+        + 1, head_dim]``. RuntimeError (naming the step) on a NaN logit or a code outside a table."""
+        w, steps = self.width, self.steps
+        _check_float(hidden, w, f"hidden must be float32 [{w}], contiguous, on the CPU")
+        _check_float(first, w, f"first must be float32 [{w}], contiguous, on the CPU")
+        self._stack._check_cache(k_all, v_all)
+        head_dim = self._stack.dims.head_dim
+        rope_size = (steps + 1) * head_dim
+        for t in (cos, sin):
+            if t.dtype is not torch.float32 or not (t.is_cpu and t.is_contiguous()) or t.numel() < rope_size:
+                raise ValueError(f"cos/sin must be float32 [>= {steps + 1}, {head_dim}]")
+        if codes.dtype is not torch.int64 or not codes.is_cpu or not codes.is_contiguous() or codes.numel() != steps:
+            raise ValueError(f"codes must be int64 [{steps}], contiguous, on the CPU")
+        _check_float(embeds, steps * w, f"embeds must be float32 [{steps}, {w}], contiguous, on the CPU")
+        if u is not None and (u.dtype is not torch.float64 or not u.is_contiguous() or u.numel() != steps):
+            raise ValueError(f"u must be float64 [{steps}]")
+        temperature, top_k, top_p = sampling
+        rc = self._run(
+            self._handle,
+            hidden.data_ptr(),
+            first.data_ptr(),
+            k_all.data_ptr(),
+            v_all.data_ptr(),
+            k_all.shape[3],
+            cos.data_ptr(),
+            sin.data_ptr(),
+            int(u is None),
+            temperature,
+            top_k,
+            top_p,
+            u.data_ptr() if u is not None else None,
+            codes.data_ptr(),
+            embeds.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if rc:
+            raise RuntimeError(self._lib.s2s_error().decode())
+
+
 def _interleave_pairs(t: torch.Tensor, unit: int) -> torch.Tensor:
     """Rows of ``t`` [N, C] in pairs, ``unit`` columns at a time: row 2p's first unit, row 2p + 1's,
     row 2p's second, ... (an odd last row stays as it is); flat, as ``kernels.h``'s ``pair_offset``."""
@@ -838,3 +979,36 @@ def fuse_stacks(root: nn.Module, ext: Kernels) -> int:
             count += 1
     log.info("native_stacks", stacks=count)
     return count
+
+
+def fuse_predictor(code_predictor: nn.Module, ext: Kernels) -> bool:
+    """Give the code predictor its frame in one library call (``Predictor``, set as
+    ``code_predictor.native``) where everything it runs is the library's: its stack fused
+    (``fuse_stacks``), its heads and its projection (or none) ``PackedLinear``s, its embedding tables
+    handing out float32 rows of float32 or bfloat16 tables, in memory or read from the checkpoint
+    (``talker.rows_by_reads``); returns whether it did."""
+    from s2s_daemon.tts.torch_qwen3.talker import LookupTable
+
+    cp: Any = code_predictor
+    stack = cp.model.native
+    project = cp.small_to_mtp_projection
+    heads = list(cp.lm_head)
+    tables: list[Any] = []
+    for table in cp.model.codec_embedding:
+        if not isinstance(table, LookupTable) or table.out_dtype is not torch.float32:
+            return False
+        source = table.rows_from if table.rows_from is not None else table.weight.detach()
+        if isinstance(source, torch.Tensor) and not (source.is_cpu and source.is_contiguous()):
+            return False
+        if source.dtype not in _TABLE_DTYPES:
+            return False
+        tables.append(source)
+    if (
+        stack is None
+        or not all(isinstance(h, PackedLinear) for h in heads)
+        or not (isinstance(project, PackedLinear) or isinstance(project, nn.Identity))
+    ):
+        return False
+    width = project.in_features if isinstance(project, PackedLinear) else stack.dims.hidden
+    cp.native = Predictor(ext, stack, project if isinstance(project, PackedLinear) else None, heads, tables, width)
+    return True

@@ -8,6 +8,7 @@
 // per-call cost of ctypes is per linear or per decoder position (a whole Stack is one call).
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -19,11 +20,12 @@
 
 #include "kernels.h"
 
+#include <unistd.h>
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 #if defined(__linux__)
 #include <sys/syscall.h>
-#include <unistd.h>
 #endif
 #elif defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
@@ -219,6 +221,8 @@ S2S_API int s2s_linear(const void* ops_, const Weight* w, const float* x, int64_
   return 0;
 }
 
+namespace {
+
 // One id drawn from float32 logits [V] the way HF's sampling draws it (sampling.choose): the
 // scores are the logits over `temperature`; with 0 < top_k < V only the scores at least the
 // top_k-th largest stay (a tie at it stays too, as HF's mask keeps it); with top_p < 1, of those
@@ -226,8 +230,7 @@ S2S_API int s2s_linear(const void* ops_, const Weight* w, const float* x, int64_
 // always stays). Then `u` (uniform in [0, 1), from the caller's generator) times the softmax total
 // of what stayed picks the id, walking them from the largest score (in index order when top_p is
 // 1: no sort). Fails on a NaN or infinite largest score (torch's draw refuses them too).
-S2S_API int s2s_sample(const float* logits, int64_t V, float temperature, int64_t top_k, float top_p, double u,
-                       int64_t* id) {
+int draw(const float* logits, int64_t V, float temperature, int64_t top_k, float top_p, double u, int64_t* id) {
   if (logits == nullptr || id == nullptr || V <= 0) return fail("no logits");
   if (!(temperature > 0.f)) return fail("temperature %g (must be > 0)", static_cast<double>(temperature));
   if (!(u >= 0.0 && u < 1.0)) return fail("u %g (must be in [0, 1))", u);
@@ -275,6 +278,13 @@ S2S_API int s2s_sample(const float* logits, int64_t V, float temperature, int64_
   } catch (const std::bad_alloc&) {
     return fail("out of memory");
   }
+}
+
+}  // namespace
+
+S2S_API int s2s_sample(const float* logits, int64_t V, float temperature, int64_t top_k, float top_p, double u,
+                       int64_t* id) {
+  return draw(logits, V, temperature, top_k, top_p, u, id);
 }
 
 // Rows [n0, n1) of the weight as float32 into dst [n1 - n0, K].
@@ -413,4 +423,152 @@ S2S_API int s2s_stack_run(const void* stack_, const float* x, int64_t T, float* 
   s2s::Row rows[s2s::kBlockedMaxRows];
   for (int64_t r = 0; r < T; ++r) rows[r] = {k, v, max_len, start + r};
   return s2s_stack_run_rows(stack_, x, T, rows, cos, sin, out, threads);
+}
+
+// ----------------------------------------------------------------------------- the code predictor's frame
+
+namespace {
+
+// The code predictor of a frame (s2s_predictor_new): its Stack, the projection from the talker's
+// width to the stack's (none where they are equal), one head and one embedding table per codebook.
+struct Predictor {
+  const Stack* stack;
+  bool project;
+  Weight projection;
+  std::vector<Weight> heads;
+  std::vector<s2s::Table> tables;
+  int64_t width;  // the talker's hidden size: the tables' rows and the projection's input
+  int64_t vocab;  // the widest head's outputs
+};
+
+// Row `row` of a table as float32 into out [cols].
+int table_row(const s2s::Table& t, int64_t row, float* out, std::vector<char>& buffer) {
+  if (row < 0 || row >= t.rows)
+    return fail("code %lld is out of range for a table of %lld rows", (long long)row, (long long)t.rows);
+  const int64_t size = t.dtype == s2s::kF32 ? 4 : 2, bytes = t.cols * size;
+  const char* src = nullptr;
+  if (t.data != nullptr) {
+    src = static_cast<const char*>(t.data) + row * bytes;
+  } else {
+    char* dst = t.dtype == s2s::kF32 ? reinterpret_cast<char*>(out) : (buffer.resize(bytes), buffer.data());
+    for (int64_t done = 0; done < bytes;) {
+      const ssize_t got = pread(t.fd, dst + done, static_cast<size_t>(bytes - done), t.offset + row * bytes + done);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        return fail("reading row %lld of a table: %s", (long long)row, got < 0 ? std::strerror(errno) : "the file ended");
+      done += got;
+    }
+    if (t.dtype == s2s::kF32) return 0;
+    src = dst;
+  }
+  if (t.dtype == s2s::kF32) {
+    std::memcpy(out, src, static_cast<size_t>(bytes));
+  } else {
+    for (int64_t i = 0; i < t.cols; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      const uint32_t bits = static_cast<uint32_t>(h) << 16;
+      std::memcpy(out + i, &bits, 4);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+// The code predictor over a stack (s2s_stack_new's handle, kept alive by the caller as long as
+// this): `project` (may be null) from the talker's width to the stack's, and `steps` heads and
+// tables (codebooks 1..steps); an opaque handle for s2s_predictor_run, NULL when they do not fit.
+S2S_API void* s2s_predictor_new(const void* stack_, const Weight* project, const Weight* heads,
+                                const s2s::Table* tables, int64_t steps, int64_t width) {
+  const Stack* stack = static_cast<const Stack*>(stack_);
+  if (stack == nullptr) return fail("no stack"), nullptr;
+  const int64_t hidden = stack->shape.hidden;
+  if (steps < 1 || heads == nullptr || tables == nullptr) return fail("a predictor needs heads and tables"), nullptr;
+  if (project != nullptr) {
+    if (check_weight(project) != 0) return nullptr;
+    if (project->k != width || project->n != hidden)
+      return fail("the projection is %lld x %lld, not %lld x %lld", (long long)project->n, (long long)project->k,
+                  (long long)hidden, (long long)width), nullptr;
+  } else if (width != hidden) {
+    return fail("no projection from width %lld to the stack's %lld", (long long)width, (long long)hidden), nullptr;
+  }
+  int64_t vocab = 0;
+  for (int64_t j = 0; j < steps; ++j) {
+    const Weight& w = heads[j];
+    const s2s::Table& t = tables[j];
+    if (check_weight(&w) != 0) return nullptr;
+    if (w.k != hidden) return fail("head %lld takes %lld inputs, not %lld", (long long)j, (long long)w.k, (long long)hidden), nullptr;
+    if (t.dtype != s2s::kF32 && t.dtype != s2s::kBF16) return fail("table %lld: dtype %d", (long long)j, t.dtype), nullptr;
+    if (t.cols != width || t.rows < w.n)
+      return fail("table %lld is %lld x %lld for head %lld's %lld codes of width %lld", (long long)j, (long long)t.rows,
+                  (long long)t.cols, (long long)j, (long long)w.n, (long long)width), nullptr;
+    if (t.data == nullptr && (t.fd < 0 || t.offset < 0)) return fail("table %lld: no memory and no file", (long long)j), nullptr;
+    vocab = std::max(vocab, w.n);
+  }
+  auto* p = new (std::nothrow) Predictor{stack, project != nullptr, project != nullptr ? *project : Weight{},
+                                         std::vector<Weight>(heads, heads + steps),
+                                         std::vector<s2s::Table>(tables, tables + steps), width, vocab};
+  if (p == nullptr) return fail("out of memory"), nullptr;
+  return p;
+}
+
+S2S_API void s2s_predictor_free(void* predictor) { delete static_cast<Predictor*>(predictor); }
+
+// One frame's codebooks 1..steps, as runtime.predict_frame makes them one torch call at a time:
+// `hidden` (the talker's normed state) and `first` (codebook 0's embedding), each [width], at
+// positions 0 and 1 of the cache k/v [layers, 1, kv_heads, max_len, head_dim]; then per step j
+// its head's logits from the last position, the code (argmax where `greedy`, else drawn as
+// s2s_sample draws it with u[j]) into codes[j], its table's row into embeds[j] ([steps, width]),
+// and that row, projected, at position j + 2. cos/sin: the stack's rope tables [>= steps + 1,
+// head_dim]. Fails (naming the step) on a NaN logit or a code outside its table.
+S2S_API int s2s_predictor_run(const void* predictor_, const float* hidden, const float* first, float* k, float* v,
+                              int64_t max_len, const float* cos, const float* sin, int greedy, float temperature,
+                              int64_t top_k, float top_p, const double* u, int64_t* codes, float* embeds, int threads) {
+  const Predictor* p = static_cast<const Predictor*>(predictor_);
+  if (p == nullptr) return fail("no predictor");
+  const int64_t steps = static_cast<int64_t>(p->heads.size());
+  if (max_len < steps + 1) return fail("a KV cache of %lld positions for %lld", (long long)max_len, (long long)(steps + 1));
+  if (!greedy && u == nullptr) return fail("sampling needs a uniform number per step");
+  const Stack& st = *p->stack;
+  const Ops* ops = st.ops;
+  const int64_t width = p->width, hidden_size = st.shape.hidden, head_dim = st.shape.head_dim;
+  try {
+    std::vector<float> input(2 * width), projected(2 * hidden_size), out(2 * hidden_size), logits(p->vocab);
+    std::vector<char> buffer;
+    std::memcpy(input.data(), hidden, width * sizeof(float));
+    std::memcpy(input.data() + width, first, width * sizeof(float));
+    const float* x = input.data();
+    for (int64_t j = 0; j < steps; ++j) {
+      const int64_t rows = j == 0 ? 2 : 1, pos = j == 0 ? 0 : j + 1;
+      if (j > 0) x = embeds + (j - 1) * width;
+      const float* stack_in = x;
+      if (p->project) {
+        ops->stream(p->projection, x, rows, projected.data(), threads);
+        stack_in = projected.data();
+      }
+      s2s::Row at[2];
+      for (int64_t r = 0; r < rows; ++r) at[r] = {k, v, max_len, pos + r};
+      ops->stack(st.shape, st.layers.data(), st.norm, stack_in, at, rows, cos + pos * head_dim, sin + pos * head_dim,
+                 out.data(), threads);
+      const Weight& head = p->heads[j];
+      ops->stream(head, out.data() + (rows - 1) * hidden_size, 1, logits.data(), threads);
+      int64_t code = 0;
+      if (greedy) {
+        for (int64_t i = 0; i < head.n; ++i) {
+          if (std::isnan(logits[i])) return fail("step %lld: logit %lld is NaN", (long long)j, (long long)i);
+          if (logits[i] > logits[code]) code = i;
+        }
+      } else if (draw(logits.data(), head.n, temperature, top_k, top_p, u[j], &code) != 0) {
+        char why[sizeof g_error];
+        std::memcpy(why, g_error, sizeof why);
+        return fail("step %lld: %s", (long long)j, why);
+      }
+      codes[j] = code;
+      if (table_row(p->tables[j], code, embeds + j * width, buffer) != 0) return -1;
+    }
+    return 0;
+  } catch (const std::bad_alloc&) {
+    return fail("out of memory");
+  }
 }

@@ -33,7 +33,7 @@ constexpr int kI8 = 2;
 constexpr int kI4 = 3;
 constexpr int64_t kMaxRows = 4;          // rows streamed: decoding, a batch's step, the Stack's positions
 constexpr int64_t kBlockedMaxRows = 64;  // rows of the register-blocked product (a prompt)
-constexpr int kAbiVersion = 2;           // native/__init__.py's ABI_VERSION: bump with any change below
+constexpr int kAbiVersion = 3;           // native/__init__.py's ABI_VERSION: bump with any change below
 
 // A packed weight: what PackedLinear's tensors hold (native/__init__.py's _Weight, same order).
 //   f32   float32 [N, K]
@@ -70,6 +70,18 @@ struct Row {
   float* v;  // li * kv_heads * max_len * head_dim further
   int64_t max_len;
   int64_t pos;  // written here; attends to 0..pos
+};
+
+// An embedding table a Predictor looks its codes' rows up in (native/__init__.py's _Table): rows
+// [rows, cols] of kF32 or kBF16 in memory at `data`, or, where data is null, in the file open as
+// `fd` from byte `offset`, read a row at a time (checkpoint.FileRows: nothing of the file mapped).
+struct Table {
+  const void* data;
+  int64_t offset;
+  int64_t rows;
+  int64_t cols;
+  int32_t dtype;
+  int32_t fd;
 };
 
 struct StackShape {
