@@ -574,6 +574,7 @@ def load_talker(
     rows_in(weights, dtype)
     rows_by_reads(weights, ck)
     native.fuse_stacks(weights.talker, ext)
+    native.fuse_predictor(weights.talker.code_predictor, ext)
     log.info(
         "talker_weights_ready",
         fmt=fmt,

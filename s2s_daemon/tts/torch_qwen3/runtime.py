@@ -21,7 +21,7 @@ import torch
 from s2s_daemon.tts.torch_qwen3.config import GenerationSettings, ModelConfig, SamplingSettings
 from s2s_daemon.tts.torch_qwen3.layers import KVCache, rope_tables
 from s2s_daemon.tts.torch_qwen3.prompt import PromptEmbeddings
-from s2s_daemon.tts.torch_qwen3.sampling import apply_repetition_penalty, choose
+from s2s_daemon.tts.torch_qwen3.sampling import apply_repetition_penalty, choose, draw_settings
 from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights
 
 if TYPE_CHECKING:
@@ -262,10 +262,23 @@ class TalkerRuntime:
         generator: torch.Generator | None,
         frame: int = 0,
     ) -> None:
-        """Fill ``codes[1:]`` (a ``[G]`` row whose ``codes[0]`` is set) and ``self.frame_embeds``."""
-        cp_tables = self.talker.code_predictor.model.codec_embedding
+        """Fill ``codes[1:]`` (a ``[G]`` row whose ``codes[0]`` is set) and ``self.frame_embeds``.
+
+        On the native kernels the whole frame is one library call (``native.Predictor``) unless a
+        probe wants the logits; it makes what the loop below makes, with the same uniform numbers
+        (``torch.rand`` of G - 1 at once draws what G - 1 draws of one do)."""
+        cp = self.talker.code_predictor
+        cp_tables = cp.model.codec_embedding
         code0 = codes[0:1]
         self.frame_embeds[0, 0:1].copy_(self.talker.model.codec_embedding(code0))
+        fused = cp.native
+        if fused is not None and self.graphs is None and self.probe is None:
+            sampled = not greedy and settings.do_sample
+            u = torch.rand(self.groups - 1, dtype=torch.float64, generator=generator) if sampled else None
+            embeds = self.frame_embeds[0]
+            fused.run(hidden, embeds[0], self.pred_cache.k, self.pred_cache.v, self.pred_cos, self.pred_sin, u,
+                      draw_settings(settings), codes[1:], embeds[1:])  # fmt: skip
+            return
         self.pred_input[:, 0:1].copy_(hidden)
         self.pred_input[:, 1:2].copy_(self.frame_embeds[:, 0:1])
         graphs = self.graphs

@@ -43,7 +43,7 @@ def choose(
     """
     if greedy or not settings.do_sample:
         return logits.argmax(dim=-1, keepdim=True)
-    temperature = settings.temperature if settings.temperature not in (0.0, 1.0) else 1.0
+    temperature = draw_settings(settings)[0]
     if kernels is not None and logits.device.type == "cpu" and logits.shape[0] == 1 and logits.dtype == torch.float32:
         u = float(torch.rand((), dtype=torch.float64, generator=generator))
         row = logits if logits.is_contiguous() else logits.contiguous()
@@ -56,6 +56,13 @@ def choose(
             probs, ids = kept
             return ids.gather(-1, torch.multinomial(probs, num_samples=1, generator=generator))
     return torch.multinomial(filtered_probabilities(scores, settings), num_samples=1, generator=generator)
+
+
+def draw_settings(settings: SamplingSettings) -> tuple[float, int, float]:
+    """(temperature, top_k, top_p) of a sampled draw: a temperature of 0 or 1 divides nothing (HF
+    leaves the scores as they are)."""
+    temperature = settings.temperature if settings.temperature not in (0.0, 1.0) else 1.0
+    return temperature, settings.top_k, settings.top_p
 
 
 def filtered_probabilities(scores: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:

@@ -7,6 +7,8 @@ Module and parameter names mirror the official ``Qwen3TTSForConditionalGeneratio
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -108,6 +110,8 @@ class CodePredictor(nn.Module):
                 for _ in range(cfg.num_code_groups - 1)
             ]
         )
+        self.native: Any = None
+        """``native.Predictor``: a frame's codebooks in one library call (set by ``native.fuse_predictor``)."""
         self.small_to_mtp_projection: nn.Module
         if cfg.predictor.hidden_size != cfg.decoder.hidden_size:
             self.small_to_mtp_projection = nn.Linear(cfg.decoder.hidden_size, cfg.predictor.hidden_size, bias=True)
