@@ -8,8 +8,9 @@
 #               own products are wrong under qemu 7.2, e.g. F.linear with 33 or 40 outputs, which
 #               our kernels never use but the tests' references and the engine's prompt do),
 # the check command, check-config's refusal of a path the CPU lacks (exit 78), the tests marked
-# `arm64` (each path this CPU runs against the portable one, the greedy codes of the tiny checkpoint
-# against x86-64's) and, on one of them, a whole `say` whose audio is the official x86 golden's.
+# `arm64` (each path this CPU runs against the portable one, the sampler's draws against HF's
+# filters, the code predictor's frame in one call against its loop of torch calls, the greedy codes
+# of the tiny checkpoint against x86-64's) and, on one of them, a whole `say` whose audio is the official x86 golden's.
 # qemu raises SIGILL on an instruction the emulated CPU lacks, so the run-time choice is tested for
 # real; emulation is 100-250x slower than native for the kernels: correctness only, no timing. Also
 # checks the objects: no SDOT or SMMLA in the portable and neon ones, nothing exported by the
@@ -319,7 +320,7 @@ check_cpu() {
       fail "$cpu: check-config with isa $refused exited $rc: $out"
   fi
   # A whole `say` (a minute and a half emulated) on one CPU: the others run the same engine's codes.
-  tests=(tests/test_native_kernels.py tests/test_arm64_codes.py)
+  tests=(tests/test_native_kernels.py tests/test_sampling.py tests/test_native_predictor.py tests/test_arm64_codes.py)
   [ "$cpu" = "$SAY_CPU" ] || tests+=(--deselect tests/test_arm64_codes.py::test_a_whole_say_speaks_the_official_audio)
   rc=0
   inside python -m pytest -q -m arm64 -p no:cacheprovider --durations=5 "${tests[@]}" >"$W/pytest-$cpu.log" 2>&1 ||
