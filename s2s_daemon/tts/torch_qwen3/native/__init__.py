@@ -134,14 +134,11 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "s2s_stack_run": (ctypes.c_int, [_P, _P, _I64, _P, _P, _I64, _I64, _P, _P, _P, ctypes.c_int]),
     "s2s_stack_run_rows": (ctypes.c_int, [_P, _P, _I64, _P, _P, _P, _P, ctypes.c_int]),
     "s2s_sample": (ctypes.c_int, [_P, _I64, ctypes.c_float, _I64, ctypes.c_float, ctypes.c_double, _P]),
-    "s2s_predictor_new": (_P, [_P, _P, _P, _P, _I64, _I64]),
+    "s2s_predictor_new": (_P, [_P, _P, _P, _P, _I64, _I64, _I64]),
     "s2s_predictor_free": (None, [_P]),
-    "s2s_predictor_run": (
-        ctypes.c_int,
-        # predictor, hidden, first, k, v, max_len, cos, sin, greedy, temperature, top_k, top_p, u,
-        # codes, embeds, threads
-        [_P, _P, _P, _P, _P, _I64, _P, _P, _INT, _F32, _I64, _F32, _P, _P, _P, _INT],
-    ),
+    # predictor, n, hidden, first, caches, cos, sin, greedy, temperature, top_k, top_p, u, codes,
+    # embeds, threads
+    "s2s_predictor_run": (_INT, [_P, _I64, _P, _P, _P, _P, _P, _P, _F32, _I64, _F32, _P, _P, _P, _INT]),
 }
 
 
@@ -687,11 +684,13 @@ def _table(source: Any) -> _Table:
 
 
 class Predictor:
-    """The code predictor's frame in one library call (``s2s_predictor_run``): codebooks 1..G-1,
-    each its stack's pass, its head, the code (argmax, or drawn as ``Kernels.sample`` draws it) and
-    its embedding's row, as ``runtime.predict_frame`` makes them a torch call at a time, with the
-    same kernels and so the same numbers. Per frame that is one call in place of about 15 x 8
-    Python calls, each slow right after a pass of the weights has emptied the caches.
+    """The code predictor's frame in one library call (``s2s_predictor_run``): codebooks 1..G-1 of
+    one sequence or of a batch's (up to ``Kernels.MAX_STREAM_ROWS``), each step its stack's pass,
+    its head, the codes (argmax, or drawn as ``Kernels.sample`` draws them) and their embeddings'
+    rows, as ``runtime.predict_frame`` and ``_predict_rows`` make them a torch call at a time, with
+    the same kernels in the same order, and so the same numbers. Per frame that is one call in
+    place of about 15 x 8 Python calls, each slow right after a pass of the weights has emptied the
+    caches.
 
     Holds its ``Stack``, the projection from the talker's width (None where the widths are equal),
     the heads and the tables (tensors or ``checkpoint.FileRows``) alive as long as itself.
@@ -705,13 +704,17 @@ class Predictor:
         heads: Sequence[PackedLinear],
         tables: Sequence[Any],
         width: int,
+        rows_per_call: int,
     ) -> None:
+        """``rows_per_call``: the first step's rows (2 a sequence) a stack call takes, as
+        ``DecoderStack.run_rows`` splits them (its stack's ``max_rows`` for integer weights, else 4)."""
         lib = kernels._lib
         self._lib = lib
         self.steps = len(heads)
         if len(tables) != self.steps:
             raise ValueError("one table per head")
         self.width = width
+        self.max_sequences = kernels.MAX_STREAM_ROWS
         self._stack = stack
         self._keep: list[Any] = [stack, project, *heads, *tables]
         head_table = (_Weight * self.steps)(*(h.weight_struct for h in heads))
@@ -723,6 +726,7 @@ class Predictor:
             ctypes.addressof(table_table),
             self.steps,
             width,
+            rows_per_call,
         )
         if not handle:
             raise ValueError(lib.s2s_error().decode())
@@ -734,46 +738,53 @@ class Predictor:
         self,
         hidden: torch.Tensor,
         first: torch.Tensor,
-        k_all: torch.Tensor,
-        v_all: torch.Tensor,
+        caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
         cos: torch.Tensor,
         sin: torch.Tensor,
+        greedy: Sequence[bool],
         u: torch.Tensor | None,
         sampling: tuple[float, int, float],
         codes: torch.Tensor,
         embeds: torch.Tensor,
     ) -> None:
-        """``hidden`` (the talker's normed state) and ``first`` (codebook 0's embedding), float32
-        ``width`` each, at positions 0 and 1 of the predictor's cache; writes the frame's codes
-        into ``codes`` (int64, ``steps``) and their embeddings into ``embeds`` (float32 ``[steps,
-        width]``). ``u``: float64 ``[steps]`` uniform numbers, one per draw, or None for argmax;
-        ``sampling``: (temperature, top_k, top_p). cos/sin: the predictor's rope tables, ``[>= steps
-        + 1, head_dim]``. RuntimeError (naming the step) on a NaN logit or a code outside a table."""
-        w, steps = self.width, self.steps
-        _check_float(hidden, w, f"hidden must be float32 [{w}], contiguous, on the CPU")
-        _check_float(first, w, f"first must be float32 [{w}], contiguous, on the CPU")
-        self._stack._check_cache(k_all, v_all)
-        head_dim = self._stack.dims.head_dim
-        rope_size = (steps + 1) * head_dim
+        """n sequences' frames: ``hidden`` (the talker's normed states) and ``first`` (codebook 0's
+        embeddings), float32 ``[n, width]``, at positions 0 and 1 of each sequence's predictor cache
+        (``caches``: its (k, v)); writes the codes into ``codes`` (int64 ``[n, steps]``) and their
+        embeddings into ``embeds`` (float32 ``[n, steps, width]``). A sequence takes the argmax where
+        ``greedy`` says so, else its row of ``u`` (float64 ``[n, steps]``, uniform numbers, one per
+        draw; None when every sequence is greedy); ``sampling``: (temperature, top_k, top_p).
+        cos/sin: the predictor's rope tables, ``[>= steps + 1, head_dim]``. RuntimeError (naming
+        the step and the sequence) on a NaN logit or a code outside a table."""
+        w, steps, n = self.width, self.steps, len(caches)
+        if not 1 <= n <= self.max_sequences or len(greedy) != n:
+            raise ValueError(f"1 to {self.max_sequences} sequences, a greedy flag and a cache each")
+        _check_float(hidden, n * w, f"hidden must be float32 [{n}, {w}], contiguous, on the CPU")
+        _check_float(first, n * w, f"first must be float32 [{n}, {w}], contiguous, on the CPU")
+        for k, v in caches:
+            self._stack._check_cache(k, v)
+        rope_size = (steps + 1) * self._stack.dims.head_dim
         for t in (cos, sin):
             if t.dtype is not torch.float32 or not (t.is_cpu and t.is_contiguous()) or t.numel() < rope_size:
-                raise ValueError(f"cos/sin must be float32 [>= {steps + 1}, {head_dim}]")
-        if codes.dtype is not torch.int64 or not codes.is_cpu or not codes.is_contiguous() or codes.numel() != steps:
-            raise ValueError(f"codes must be int64 [{steps}], contiguous, on the CPU")
-        _check_float(embeds, steps * w, f"embeds must be float32 [{steps}, {w}], contiguous, on the CPU")
-        if u is not None and (u.dtype is not torch.float64 or not u.is_contiguous() or u.numel() != steps):
-            raise ValueError(f"u must be float64 [{steps}]")
+                raise ValueError(f"cos/sin must be float32 [>= {steps + 1}, {self._stack.dims.head_dim}]")
+        if codes.dtype is not torch.int64 or not (codes.is_cpu and codes.is_contiguous()) or codes.numel() != n * steps:
+            raise ValueError(f"codes must be int64 [{n}, {steps}], contiguous, on the CPU")
+        _check_float(embeds, n * steps * w, f"embeds must be float32 [{n}, {steps}, {w}], contiguous, on the CPU")
+        if u is not None and (u.dtype is not torch.float64 or not u.is_contiguous() or u.numel() != n * steps):
+            raise ValueError(f"u must be float64 [{n}, {steps}]")
+        if u is None and not all(greedy):
+            raise ValueError("a sampled sequence needs its uniform numbers (u)")
+        rows = (_Row * n)(*(_Row(k.data_ptr(), v.data_ptr(), k.shape[3], 0) for k, v in caches))
+        flags = (ctypes.c_int32 * n)(*(int(g) for g in greedy))
         temperature, top_k, top_p = sampling
         rc = self._run(
             self._handle,
+            n,
             hidden.data_ptr(),
             first.data_ptr(),
-            k_all.data_ptr(),
-            v_all.data_ptr(),
-            k_all.shape[3],
+            ctypes.addressof(rows),
             cos.data_ptr(),
             sin.data_ptr(),
-            int(u is None),
+            ctypes.addressof(flags),
             temperature,
             top_k,
             top_p,
@@ -1009,6 +1020,10 @@ def fuse_predictor(code_predictor: nn.Module, ext: Kernels) -> bool:
         or not (isinstance(project, PackedLinear) or isinstance(project, nn.Identity))
     ):
         return False
+    from s2s_daemon.tts.torch_qwen3.layers import NATIVE_STACK_ROWS
+
     width = project.in_features if isinstance(project, PackedLinear) else stack.dims.hidden
-    cp.native = Predictor(ext, stack, project if isinstance(project, PackedLinear) else None, heads, tables, width)
+    rows_per_call = stack.max_rows if cp.model.native_prompt else NATIVE_STACK_ROWS
+    fused = project if isinstance(project, PackedLinear) else None
+    cp.native = Predictor(ext, stack, fused, heads, tables, width, rows_per_call)
     return True

@@ -437,8 +437,9 @@ struct Predictor {
   Weight projection;
   std::vector<Weight> heads;
   std::vector<s2s::Table> tables;
-  int64_t width;  // the talker's hidden size: the tables' rows and the projection's input
-  int64_t vocab;  // the widest head's outputs
+  int64_t width;          // the talker's hidden size: the tables' rows and the projection's input
+  int64_t vocab;          // the widest head's outputs
+  int64_t rows_per_call;  // the first step's rows per stack call (DecoderStack.run_rows's blocks)
 };
 
 // Row `row` of a table as float32 into out [cols].
@@ -474,17 +475,28 @@ int table_row(const s2s::Table& t, int64_t row, float* out, std::vector<char>& b
   return 0;
 }
 
+// y [M, N] = x [M, K] W^T as s2s_linear computes it: streamed up to kMaxRows rows, blocked beyond.
+void product(const Ops* ops, const Weight& w, const float* x, int64_t M, float* y, int threads) {
+  if (M <= s2s::kMaxRows)
+    ops->stream(w, x, M, y, threads);
+  else
+    ops->blocked(w, x, M, y, threads);
+}
+
 }  // namespace
 
 // The code predictor over a stack (s2s_stack_new's handle, kept alive by the caller as long as
 // this): `project` (may be null) from the talker's width to the stack's, and `steps` heads and
-// tables (codebooks 1..steps); an opaque handle for s2s_predictor_run, NULL when they do not fit.
+// tables (codebooks 1..steps); the first step's 2 rows a sequence go to the stack `rows_per_call`
+// at a time. An opaque handle for s2s_predictor_run, NULL when they do not fit.
 S2S_API void* s2s_predictor_new(const void* stack_, const Weight* project, const Weight* heads,
-                                const s2s::Table* tables, int64_t steps, int64_t width) {
+                                const s2s::Table* tables, int64_t steps, int64_t width, int64_t rows_per_call) {
   const Stack* stack = static_cast<const Stack*>(stack_);
   if (stack == nullptr) return fail("no stack"), nullptr;
   const int64_t hidden = stack->shape.hidden;
   if (steps < 1 || heads == nullptr || tables == nullptr) return fail("a predictor needs heads and tables"), nullptr;
+  if (rows_per_call < 2 || rows_per_call > s2s::kBlockedMaxRows)
+    return fail("%lld rows a stack call", (long long)rows_per_call), nullptr;
   if (project != nullptr) {
     if (check_weight(project) != 0) return nullptr;
     if (project->k != width || project->n != hidden)
@@ -508,64 +520,87 @@ S2S_API void* s2s_predictor_new(const void* stack_, const Weight* project, const
   }
   auto* p = new (std::nothrow) Predictor{stack, project != nullptr, project != nullptr ? *project : Weight{},
                                          std::vector<Weight>(heads, heads + steps),
-                                         std::vector<s2s::Table>(tables, tables + steps), width, vocab};
+                                         std::vector<s2s::Table>(tables, tables + steps), width, vocab, rows_per_call};
   if (p == nullptr) return fail("out of memory"), nullptr;
   return p;
 }
 
 S2S_API void s2s_predictor_free(void* predictor) { delete static_cast<Predictor*>(predictor); }
 
-// One frame's codebooks 1..steps, as runtime.predict_frame makes them one torch call at a time:
-// `hidden` (the talker's normed state) and `first` (codebook 0's embedding), each [width], at
-// positions 0 and 1 of the cache k/v [layers, 1, kv_heads, max_len, head_dim]; then per step j
-// its head's logits from the last position, the code (argmax where `greedy`, else drawn as
-// s2s_sample draws it with u[j]) into codes[j], its table's row into embeds[j] ([steps, width]),
-// and that row, projected, at position j + 2. cos/sin: the stack's rope tables [>= steps + 1,
-// head_dim]. Fails (naming the step) on a NaN logit or a code outside its table.
-S2S_API int s2s_predictor_run(const void* predictor_, const float* hidden, const float* first, float* k, float* v,
-                              int64_t max_len, const float* cos, const float* sin, int greedy, float temperature,
-                              int64_t top_k, float top_p, const double* u, int64_t* codes, float* embeds, int threads) {
+// One frame's codebooks 1..steps of n sequences together, as runtime.predict_frame (n = 1) and
+// _predict_rows make them a torch call at a time. Sequence r: `hidden` row r (the talker's normed
+// state) and `first` row r (codebook 0's embedding), each [n, width], at positions 0 and 1 of its
+// cache caches[r] (k/v [layers, 1, kv_heads, max_len, head_dim]; pos unused); then per step j the
+// head's logits of every sequence's last position (one pass of the head), its code (argmax where
+// greedy[r], else drawn as s2s_sample draws it with u[r * steps + j]) into codes[r * steps + j],
+// its table's row into embeds [n, steps, width], and those rows, projected, at positions j + 2 in
+// one pass. cos/sin: the stack's rope tables [>= steps + 1, head_dim]. Fails (naming the step and
+// the sequence) on a NaN logit or a code outside its table.
+S2S_API int s2s_predictor_run(const void* predictor_, int64_t n, const float* hidden, const float* first,
+                              const s2s::Row* caches, const float* cos, const float* sin, const int32_t* greedy,
+                              float temperature, int64_t top_k, float top_p, const double* u, int64_t* codes,
+                              float* embeds, int threads) {
   const Predictor* p = static_cast<const Predictor*>(predictor_);
   if (p == nullptr) return fail("no predictor");
   const int64_t steps = static_cast<int64_t>(p->heads.size());
-  if (max_len < steps + 1) return fail("a KV cache of %lld positions for %lld", (long long)max_len, (long long)(steps + 1));
-  if (!greedy && u == nullptr) return fail("sampling needs a uniform number per step");
+  if (n < 1 || n > s2s::kMaxRows) return fail("%lld sequences (1 to %lld)", (long long)n, (long long)s2s::kMaxRows);
+  for (int64_t r = 0; r < n; ++r) {
+    if (caches[r].max_len < steps + 1)
+      return fail("sequence %lld: a KV cache of %lld positions for %lld", (long long)r, (long long)caches[r].max_len,
+                  (long long)(steps + 1));
+    if (!greedy[r] && u == nullptr) return fail("sampling needs a uniform number per step");
+  }
   const Stack& st = *p->stack;
   const Ops* ops = st.ops;
-  const int64_t width = p->width, hidden_size = st.shape.hidden, head_dim = st.shape.head_dim;
+  const int64_t width = p->width, size = st.shape.hidden, head_dim = st.shape.head_dim;
   try {
-    std::vector<float> input(2 * width), projected(2 * hidden_size), out(2 * hidden_size), logits(p->vocab);
+    std::vector<float> input(2 * n * width), projected(2 * n * size), out(2 * n * size), last(n * size);
+    std::vector<float> logits(n * p->vocab), cs(2 * n * head_dim), sn(2 * n * head_dim);
+    std::vector<s2s::Row> rows(2 * n);
     std::vector<char> buffer;
-    std::memcpy(input.data(), hidden, width * sizeof(float));
-    std::memcpy(input.data() + width, first, width * sizeof(float));
-    const float* x = input.data();
     for (int64_t j = 0; j < steps; ++j) {
-      const int64_t rows = j == 0 ? 2 : 1, pos = j == 0 ? 0 : j + 1;
-      if (j > 0) x = embeds + (j - 1) * width;
-      const float* stack_in = x;
-      if (p->project) {
-        ops->stream(p->projection, x, rows, projected.data(), threads);
-        stack_in = projected.data();
-      }
-      s2s::Row at[2];
-      for (int64_t r = 0; r < rows; ++r) at[r] = {k, v, max_len, pos + r};
-      ops->stack(st.shape, st.layers.data(), st.norm, stack_in, at, rows, cos + pos * head_dim, sin + pos * head_dim,
-                 out.data(), threads);
-      const Weight& head = p->heads[j];
-      ops->stream(head, out.data() + (rows - 1) * hidden_size, 1, logits.data(), threads);
-      int64_t code = 0;
-      if (greedy) {
-        for (int64_t i = 0; i < head.n; ++i) {
-          if (std::isnan(logits[i])) return fail("step %lld: logit %lld is NaN", (long long)j, (long long)i);
-          if (logits[i] > logits[code]) code = i;
+      // The step's input rows: (hidden, first) of each sequence at 0, 1; then each code's embedding.
+      const int64_t per = j == 0 ? 2 : 1, count = per * n;
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t q = 0; q < per; ++q) {
+          const float* src = j > 0 ? embeds + (r * steps + j - 1) * width : (q == 0 ? hidden : first) + r * width;
+          std::memcpy(input.data() + (r * per + q) * width, src, width * sizeof(float));
+          const int64_t pos = j == 0 ? q : j + 1;
+          rows[r * per + q] = {caches[r].k, caches[r].v, caches[r].max_len, pos};
+          std::memcpy(cs.data() + (r * per + q) * head_dim, cos + pos * head_dim, head_dim * sizeof(float));
+          std::memcpy(sn.data() + (r * per + q) * head_dim, sin + pos * head_dim, head_dim * sizeof(float));
         }
-      } else if (draw(logits.data(), head.n, temperature, top_k, top_p, u[j], &code) != 0) {
-        char why[sizeof g_error];
-        std::memcpy(why, g_error, sizeof why);
-        return fail("step %lld: %s", (long long)j, why);
+      const float* x = input.data();
+      if (p->project) {
+        product(ops, p->projection, x, count, projected.data(), threads);
+        x = projected.data();
       }
-      codes[j] = code;
-      if (table_row(p->tables[j], code, embeds + j * width, buffer) != 0) return -1;
+      for (int64_t r0 = 0; r0 < count; r0 += p->rows_per_call) {  // rows in order: later ones see earlier keys
+        const int64_t m = std::min(p->rows_per_call, count - r0);
+        ops->stack(st.shape, st.layers.data(), st.norm, x + r0 * size, rows.data() + r0, m, cs.data() + r0 * head_dim,
+                   sn.data() + r0 * head_dim, out.data() + r0 * size, threads);
+      }
+      for (int64_t r = 0; r < n; ++r)
+        std::memcpy(last.data() + r * size, out.data() + (r * per + per - 1) * size, size * sizeof(float));
+      const Weight& head = p->heads[j];
+      product(ops, head, last.data(), n, logits.data(), threads);
+      for (int64_t r = 0; r < n; ++r) {
+        const float* row = logits.data() + r * head.n;
+        int64_t code = 0;
+        if (greedy[r]) {
+          for (int64_t i = 0; i < head.n; ++i) {
+            if (std::isnan(row[i]))
+              return fail("step %lld, sequence %lld: logit %lld is NaN", (long long)j, (long long)r, (long long)i);
+            if (row[i] > row[code]) code = i;
+          }
+        } else if (draw(row, head.n, temperature, top_k, top_p, u[r * steps + j], &code) != 0) {
+          char why[sizeof g_error];
+          std::memcpy(why, g_error, sizeof why);
+          return fail("step %lld, sequence %lld: %s", (long long)j, (long long)r, why);
+        }
+        codes[r * steps + j] = code;
+        if (table_row(p->tables[j], code, embeds + (r * steps + j) * width, buffer) != 0) return -1;
+      }
     }
     return 0;
   } catch (const std::bad_alloc&) {
