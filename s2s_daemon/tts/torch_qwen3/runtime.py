@@ -25,7 +25,7 @@ from s2s_daemon.tts.torch_qwen3.sampling import apply_repetition_penalty, choose
 from s2s_daemon.tts.torch_qwen3.talker import Qwen3TtsWeights
 
 if TYPE_CHECKING:
-    from s2s_daemon.tts.torch_qwen3.native import Kernels
+    from s2s_daemon.tts.torch_qwen3.native import Kernels, Predictor
 
 SUPPRESSED_TAIL = 1024
 """The official generate suppresses the top 1024 codec ids (control codes) except EOS."""
@@ -276,8 +276,9 @@ class TalkerRuntime:
             sampled = not greedy and settings.do_sample
             u = torch.rand(self.groups - 1, dtype=torch.float64, generator=generator) if sampled else None
             embeds = self.frame_embeds[0]
-            fused.run(hidden, embeds[0], self.pred_cache.k, self.pred_cache.v, self.pred_cos, self.pred_sin, u,
-                      draw_settings(settings), codes[1:], embeds[1:])  # fmt: skip
+            caches = [(self.pred_cache.k, self.pred_cache.v)]
+            fused.run(hidden.view(1, -1), embeds[0:1], caches, self.pred_cos, self.pred_sin, [not sampled], u,
+                      draw_settings(settings), codes[1:].view(1, -1), embeds[1:].unsqueeze(0))  # fmt: skip
             return
         self.pred_input[:, 0:1].copy_(hidden)
         self.pred_input[:, 1:2].copy_(self.frame_embeds[:, 0:1])
@@ -451,15 +452,19 @@ class TalkerRuntime:
             seq.step += 1
 
     def _predict_rows(self, live: list[tuple[Sequence, torch.Tensor]], settings: SamplingSettings) -> None:
-        """``predict_frame`` for several sequences: codebooks 1..G-1 of each row, rows together."""
+        """``predict_frame`` for several sequences: codebooks 1..G-1 of each row, rows together (in
+        one library call on the native kernels, as ``predict_frame``)."""
         cp = self.talker.code_predictor
         tables = cp.model.codec_embedding
         caches = [seq.pred_cache for seq, _ in live]
-        blocks = []
         for seq, row in live:
             seq.frame_embeds[0, 0:1].copy_(self.talker.model.codec_embedding(row[0:1]))
-            blocks.append(torch.cat([seq.hidden, seq.frame_embeds[:, 0:1]], dim=1))
         n = len(live)
+        fused = cp.native
+        if fused is not None and self.graphs is None and n <= fused.max_sequences:
+            self._predict_fused(fused, live, settings)
+            return
+        blocks = [torch.cat([seq.hidden, seq.frame_embeds[:, 0:1]], dim=1) for seq, _ in live]
         pairs = torch.tensor([0, 1] * n, device=self.device)
         h = cp.model.run_rows(
             cp.small_to_mtp_projection(torch.cat(blocks, dim=1)),
@@ -486,3 +491,27 @@ class TalkerRuntime:
                 code = choose(logits[k : k + 1], settings, seq.options.greedy, seq.generator, self.kernels)
                 row[step + 1 : step + 2].copy_(code[0])
                 seq.frame_embeds[0, step + 1 : step + 2].copy_(tables[step](code[0]))
+
+    def _predict_fused(
+        self, fused: Predictor, live: list[tuple[Sequence, torch.Tensor]], settings: SamplingSettings
+    ) -> None:
+        """``_predict_rows`` by the native kernels' one call (``native.Predictor``); each sequence's
+        uniform numbers from its own generator, as its draws one at a time would take them."""
+        steps = self.groups - 1
+        greedy = [seq.options.greedy or not settings.do_sample for seq, _ in live]
+        u = None
+        if not all(greedy):
+            u = torch.zeros(len(live), steps, dtype=torch.float64)
+            for k, (seq, _) in enumerate(live):
+                if not greedy[k]:
+                    u[k] = torch.rand(steps, dtype=torch.float64, generator=seq.generator)
+        hidden = torch.cat([seq.hidden.reshape(1, -1) for seq, _ in live])
+        first = torch.cat([seq.frame_embeds[0, 0:1] for seq, _ in live])
+        codes = torch.empty(len(live), steps, dtype=torch.long)
+        embeds = torch.empty(len(live), steps, self.hidden, dtype=self.dtype)
+        caches = [(seq.pred_cache.k, seq.pred_cache.v) for seq, _ in live]
+        sampling = draw_settings(settings)
+        fused.run(hidden, first, caches, self.pred_cos, self.pred_sin, greedy, u, sampling, codes, embeds)
+        for k, (seq, row) in enumerate(live):
+            row[1:].copy_(codes[k])
+            seq.frame_embeds[0, 1:].copy_(embeds[k])
