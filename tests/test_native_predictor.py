@@ -24,6 +24,7 @@ from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest  # noqa: E402
 from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine, native  # noqa: E402
 from s2s_daemon.tts.torch_qwen3.config import SamplingSettings  # noqa: E402
 from s2s_daemon.tts.torch_qwen3.layers import KVCache  # noqa: E402
+from s2s_daemon.tts.torch_qwen3.runtime import DecodeOptions  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(180), pytest.mark.usefixtures("torch_one_thread")]
 
@@ -173,7 +174,7 @@ def test_tables_read_from_the_checkpoint_give_what_the_tensors_hold(checkpoints:
         kernels = engine.runtime.kernels if engine.runtime is not None else None
         assert kernels is not None
         in_memory = native.Predictor(kernels, from_file._stack, cp.small_to_mtp_projection, list(cp.lm_head),
-                                     [t.weight.detach() for t in tables], from_file.width)  # fmt: skip
+                                     [t.weight.detach() for t in tables], from_file.width, 64)  # fmt: skip
         results = []
         for predictor in (from_file, in_memory):
             cp.native = predictor
@@ -200,8 +201,10 @@ def test_the_predictor_refuses_what_does_not_fit(checkpoints: dict[str, Path]) -
         width = fused.width
 
         def build(**change: Any) -> Any:
-            parts = {"project": project, "heads": heads, "tables": tables, "width": width, **change}
-            return native.Predictor(kernels, stack, parts["project"], parts["heads"], parts["tables"], parts["width"])
+            parts = {"project": project, "heads": heads, "tables": tables, "width": width, "rows": 4, **change}
+            return native.Predictor(
+                kernels, stack, parts["project"], parts["heads"], parts["tables"], parts["width"], parts["rows"]
+            )
 
         with pytest.raises(ValueError, match="one table per head"):
             build(tables=tables[:-1])
@@ -213,31 +216,85 @@ def test_the_predictor_refuses_what_does_not_fit(checkpoints: dict[str, Path]) -
             build(tables=[*tables[:2], tables[2][:100].contiguous(), *tables[3:]])
         with pytest.raises(ValueError, match="float32 or bfloat16"):
             build(tables=[tables[0].half(), *tables[1:]])
+        with pytest.raises(ValueError, match="1 rows a stack call"):
+            build(rows=1)
 
-        steps, hidden = fused.steps, torch.randn(width)
-        first = torch.randn(width)
-        codes, embeds = torch.zeros(steps, dtype=torch.long), torch.zeros(steps, width)
+        steps, hidden, first = fused.steps, torch.randn(1, width), torch.randn(1, width)
+        codes, embeds = torch.zeros(1, steps, dtype=torch.long), torch.zeros(1, steps, width)
         cache = runtime.pred_cache
+        caches = [(cache.k, cache.v)]
         cos, sin = runtime.pred_cos, runtime.pred_sin
         sampling = (0.9, 50, 1.0)
+        u = torch.rand(1, steps, dtype=torch.float64)
+
+        def run(**change: Any) -> None:
+            parts = {"hidden": hidden, "caches": caches, "greedy": [False], "u": u, "codes": codes, **change}
+            fused.run(parts["hidden"], first, parts["caches"], cos, sin, parts["greedy"], parts["u"], sampling,
+                      parts["codes"], embeds)  # fmt: skip
+
         with pytest.raises(ValueError, match="u must be float64"):
-            fused.run(hidden, first, cache.k, cache.v, cos, sin, torch.rand(steps), sampling, codes, embeds)
+            run(u=u.float())
+        with pytest.raises(ValueError, match="a sampled sequence needs its uniform numbers"):
+            run(u=None)
         with pytest.raises(ValueError, match="codes must be int64"):
-            fused.run(hidden, first, cache.k, cache.v, cos, sin, None, sampling, codes.int(), embeds)
+            run(codes=codes.int())
         with pytest.raises(ValueError, match="hidden must be float32"):
-            fused.run(hidden[:-1], first, cache.k, cache.v, cos, sin, None, sampling, codes, embeds)
+            run(hidden=hidden[:, :-1])
+        with pytest.raises(ValueError, match="1 to 4 sequences"):
+            run(caches=caches * 5, greedy=[False] * 5)
+        with pytest.raises(ValueError, match="1 to 4 sequences"):
+            run(greedy=[False, False])
         short = KVCache(engine.cfg.talker.predictor, steps, torch.device("cpu"), torch.float32)  # type: ignore[union-attr]
-        with pytest.raises(RuntimeError, match=f"a KV cache of {steps} positions for {steps + 1}"):
-            fused.run(hidden, first, short.k, short.v, cos, sin, None, sampling, codes, embeds)
-        nan = torch.full((width,), float("nan"))
-        u = torch.rand(steps, dtype=torch.float64)
-        with pytest.raises(RuntimeError, match="step 0: logit 0 is NaN"):
-            fused.run(nan, first, cache.k, cache.v, cos, sin, None, sampling, codes, embeds)
-        with pytest.raises(RuntimeError, match="step 0: logit 0 is NaN"):
-            fused.run(nan, first, cache.k, cache.v, cos, sin, u, sampling, codes, embeds)
+        with pytest.raises(RuntimeError, match=f"sequence 0: a KV cache of {steps} positions for {steps + 1}"):
+            run(caches=[(short.k, short.v)])
+        nan = torch.full((1, width), float("nan"))
+        with pytest.raises(RuntimeError, match="step 0, sequence 0: logit 0 is NaN"):
+            run(hidden=nan, greedy=[True], u=None)
+        with pytest.raises(RuntimeError, match="step 0, sequence 0: logit 0 is NaN"):
+            run(hidden=nan)
         # and then it runs on
-        fused.run(hidden, first, cache.k, cache.v, cos, sin, u, sampling, codes, embeds)
+        run()
         assert bool((codes >= 0).all()) and bool((codes < heads[0].out_features).all())
+    finally:
+        engine.close_blocking()
+
+
+def test_a_batchs_frames_in_one_call_are_the_loops(checkpoints: dict[str, Path]) -> None:
+    """Several sequences' frames in one call (``_predict_rows``: greedy and sampled sequences side
+    by side, joining at different frames) give the codes the loop gives them, and each sequence's
+    codes are those it gets alone."""
+    _library_or_skip()
+    engine = _engine(checkpoints["projected"], "int8")
+    try:
+        runtime, gen = engine.runtime, engine.gen
+        assert runtime is not None and gen is not None
+        cp = _predictor(engine)
+        fused = cp.native
+        assert fused is not None
+        texts = ["The kettle is boiling.", "Someone is at the door.", "Lights off in the hall.", "Good night."]
+        results = []
+        for way in (fused, None):
+            cp.native = way
+            with torch.inference_mode():
+                seqs, rows = [], []
+                for i, text in enumerate(texts):
+                    request = dataclasses.replace(_request(engine, greedy=i % 2 == 0), text=text, seed=20 + i)
+                    prompt = engine.prepare(request)[0]
+                    seqs.append(runtime.start(prompt, DecodeOptions(max_frames=FRAMES, greedy=request.greedy,
+                                                                    seed=request.seed)))  # fmt: skip
+                    rows.append([])
+                for step in range(FRAMES + 2):
+                    joined = seqs[: 2 + step]  # two at first, then one more a frame
+                    for k, row in enumerate(runtime.step_batch(joined, gen)):
+                        if row is not None:
+                            rows[k].append(row.clone())
+            results.append([torch.stack(r) for r in rows])
+        cp.native = fused
+        for got, want in zip(*results, strict=True):
+            assert got.shape == (FRAMES, 16)
+            assert torch.equal(got, want)
+        alone = engine.codes_blocking(dataclasses.replace(_request(engine, greedy=False), text=texts[1], seed=21))
+        assert torch.equal(results[0][1], alone)
     finally:
         engine.close_blocking()
 
