@@ -125,6 +125,37 @@ def test_bench_sampling_prints_its_figures_and_publishes_them(tmp_path: Path) ->
 @pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_bench_predictor_prints_both_ways_and_publishes_them(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from tests.test_native_predictor import write_fused_checkpoint
+
+    model = tmp_path / "fused"
+    write_fused_checkpoint(model, "projected")
+    page = scratch_page(tmp_path)
+    before = page.read_text(encoding="utf-8")
+    start, end = sections(before).get("predictor", (len(before), len(before)))
+    args = ["--frames", "8", "--streams", "2", "--rounds", "1", "--threads", "1"]
+    done = run_script("bench_predictor.py", str(model), *args, page=page, timeout_s=200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "one utterance: ms a frame with audio, chunks of 4: one call" in done.stdout
+    assert "2 streams together: ms a step, talker and predictor: one call" in done.stdout
+    after = page.read_text(encoding="utf-8")
+    start_after, end_after = sections(after)["predictor"]
+    # the rest of the page kept (a new section comes after a blank line)
+    assert after[:start_after].rstrip("\n") + after[end_after:] == before[:start].rstrip("\n") + before[end:]
+    section = section_of(page, "predictor")
+    assert "| what " in section and "| one call | loop | loop / one call |" in section.replace("  ", " ")
+    assert "- command: `" in section and "scripts/bench_predictor.py" in section
+    # the tiny fixture's predictor is too narrow for the kernels: said so, nothing published
+    done = run_script("bench_predictor.py", str(TINY), "--frames", "4", page=page, timeout_s=120)
+    assert done.returncode == 1 and "not fused here" in done.stdout
+    assert page.read_text(encoding="utf-8") == after
+
+
+@pytest.mark.integration
+@pytest.mark.torch
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_bench_steady_on_the_tiny_checkpoint_publishes_ms_a_frame_against_real_time(tmp_path: Path) -> None:
     pytest.importorskip("torch")

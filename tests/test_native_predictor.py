@@ -46,18 +46,23 @@ def _runnable() -> list[str]:
     return [name for name in native.carried_paths() if name in native.runnable_paths()]
 
 
+def write_fused_checkpoint(folder: Path, shape: str) -> None:
+    """A tiny CustomVoice checkpoint of ``SHAPES[shape]`` in ``folder``: one whose code predictor the
+    native kernels take whole (also ``test_bench_scripts``'s)."""
+    name = f"tiny-{shape}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(layout.SIZE_SPECS, name, dataclasses.replace(layout.SIZE_SPECS["tiny"], **SHAPES[shape]))
+        mp.setattr(layout, "SIZES", (*layout.SIZES, name))
+        write_checkpoint(folder, name, "custom_voice")
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     """A tiny CustomVoice checkpoint per shape of ``SHAPES``."""
     folders: dict[str, Path] = {}
-    with pytest.MonkeyPatch.context() as mp:
-        for shape, widths in SHAPES.items():
-            name = f"tiny-{shape}"
-            mp.setitem(layout.SIZE_SPECS, name, dataclasses.replace(layout.SIZE_SPECS["tiny"], **widths))
-            mp.setattr(layout, "SIZES", (*layout.SIZES, name))
-            folder = tmp_path_factory.mktemp(name)
-            write_checkpoint(folder, name, "custom_voice")
-            folders[shape] = folder
+    for shape in SHAPES:
+        folders[shape] = tmp_path_factory.mktemp(f"tiny-{shape}")
+        write_fused_checkpoint(folders[shape], shape)
     yield folders
 
 
