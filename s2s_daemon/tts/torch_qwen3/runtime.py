@@ -277,7 +277,7 @@ class TalkerRuntime:
             u = torch.rand(self.groups - 1, dtype=torch.float64, generator=generator) if sampled else None
             embeds = self.frame_embeds[0]
             caches = [(self.pred_cache.k, self.pred_cache.v)]
-            fused.run(hidden.view(1, -1), embeds[0:1], caches, self.pred_cos, self.pred_sin, [not sampled], u,
+            fused.run(hidden.reshape(1, -1), embeds[0:1], caches, self.pred_cos, self.pred_sin, [not sampled], u,
                       draw_settings(settings), codes[1:].view(1, -1), embeds[1:].unsqueeze(0))  # fmt: skip
             return
         self.pred_input[:, 0:1].copy_(hidden)

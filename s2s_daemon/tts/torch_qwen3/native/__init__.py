@@ -1014,11 +1014,9 @@ def fuse_predictor(code_predictor: nn.Module, ext: Kernels) -> bool:
         if source.dtype not in _TABLE_DTYPES:
             return False
         tables.append(source)
-    if (
-        stack is None
-        or not all(isinstance(h, PackedLinear) for h in heads)
-        or not (isinstance(project, PackedLinear) or isinstance(project, nn.Identity))
-    ):
+    if stack is None or not all(isinstance(h, PackedLinear) for h in heads):
+        return False
+    if not isinstance(project, (PackedLinear, nn.Identity)):
         return False
     from s2s_daemon.tts.torch_qwen3.layers import NATIVE_STACK_ROWS
 
