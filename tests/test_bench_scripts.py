@@ -156,6 +156,34 @@ def test_bench_predictor_prints_both_ways_and_publishes_them(tmp_path: Path) -> 
 @pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_bench_callers_speaks_through_the_daemon_and_publishes(tmp_path: Path) -> None:
+    """The daemon as a subprocess, callers through the openai SDK: every answer's audio counted."""
+    pytest.importorskip("torch")
+    pytest.importorskip("openai")
+    pytest.importorskip("soundfile")
+    page = scratch_page(tmp_path)
+    before = page.read_text(encoding="utf-8")
+    start, end = sections(before).get("callers", (len(before), len(before)))
+    args = ["--callers", "1,2", "--frames", "8", "--rounds", "1", "--quantization", "int8"]
+    done = run_script("bench_callers.py", str(TINY), *args, page=page, timeout_s=200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = {line.split(":")[0]: line for line in done.stdout.splitlines() if " callers: " in line}
+    assert set(lines) == {"1 callers", "2 callers"}, done.stdout
+    # 8 frames a caller (0.64 s; mp3 pads a little): the 2 callers' audio is about twice the one's
+    one = float(lines["1 callers"].split(" for ")[1].split(" s of audio")[0])
+    two = float(lines["2 callers"].split(" for ")[1].split(" s of audio")[0])
+    assert 0.6 <= one <= 0.8 and 1.2 <= two <= 1.6, done.stdout
+    after = page.read_text(encoding="utf-8")
+    start_after, end_after = sections(after)["callers"]
+    assert after[:start_after].rstrip("\n") + after[end_after:] == before[:start].rstrip("\n") + before[end:]
+    section = section_of(page, "callers")
+    assert "| callers | wall s | audio s |" in section and "scripts/bench_callers.py" in section
+
+
+@pytest.mark.integration
+@pytest.mark.torch
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_bench_steady_on_the_tiny_checkpoint_publishes_ms_a_frame_against_real_time(tmp_path: Path) -> None:
     pytest.importorskip("torch")
