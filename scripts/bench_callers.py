@@ -8,8 +8,9 @@ audio seconds made a wall second in aggregate, each caller's own rate, the slowe
     .venv/bin/python -m s2s_daemon.tools.make_checkpoint ./cv06 --size 0.6b --kind custom_voice
     .venv/bin/python scripts/bench_callers.py ./cv06 [--callers 1,4] [--frames 60] [--rounds 2]
 
-Random weights never end an utterance: ``--frames`` caps each request (``tts.options.max_frames``),
-4.8 s of audio at 60. Real time is 1 s of audio a second for each caller.
+Random weights never end an utterance: ``--frames`` caps each (``tts.options.max_frames``), 4.8 s of
+audio at 60; the text stage may speak a request as more than one utterance (its sentences, or clauses
+of a long one). Real time is 1 s of audio a second for each caller.
 """
 
 from __future__ import annotations
@@ -202,7 +203,8 @@ def main() -> int:
             markdown_table(HEADER, rows),
             f"The daemon as a subprocess (`s2s-daemon run`: the torch engine, quantization {args.quantization}, the"
             f" other settings the shipped defaults), N streamed requests at once through the official openai SDK,"
-            f" response_format {args.response_format}, each at most {args.frames} frames; {args.rounds} rounds,"
+            f" response_format {args.response_format}; {args.frames} frames at most an utterance (the daemon's text"
+            f" stage may speak a request's sentences or clauses as utterances of their own); {args.rounds} rounds,"
             " medians; first audio counted from when the requests went out. Real time for one caller: 1 s of audio"
             " a second.",
         )
