@@ -129,6 +129,14 @@ int check_weight(const Weight* w) {
   return 0;
 }
 
+// y [M, N] = x [M, K] W^T (s2s_linear, the predictor): streamed up to kMaxRows rows, blocked beyond.
+void product(const Ops* ops, const Weight& w, const float* x, int64_t M, float* y, int threads) {
+  if (M <= s2s::kMaxRows)
+    ops->stream(w, x, M, y, threads);
+  else
+    ops->blocked(w, x, M, y, threads);
+}
+
 struct Stack {
   const Ops* ops;
   s2s::StackShape shape;
@@ -214,10 +222,7 @@ S2S_API int s2s_linear(const void* ops_, const Weight* w, const float* x, int64_
   if (M < 0 || M > s2s::kBlockedMaxRows)
     return fail("%lld input rows (at most %lld)", (long long)M, (long long)s2s::kBlockedMaxRows);
   if (M == 0) return 0;
-  if (M <= s2s::kMaxRows)
-    ops->stream(*w, x, M, y, threads);
-  else
-    ops->blocked(*w, x, M, y, threads);
+  product(ops, *w, x, M, y, threads);
   return 0;
 }
 
@@ -473,14 +478,6 @@ int table_row(const s2s::Table& t, int64_t row, float* out, std::vector<char>& b
     }
   }
   return 0;
-}
-
-// y [M, N] = x [M, K] W^T as s2s_linear computes it: streamed up to kMaxRows rows, blocked beyond.
-void product(const Ops* ops, const Weight& w, const float* x, int64_t M, float* y, int threads) {
-  if (M <= s2s::kMaxRows)
-    ops->stream(w, x, M, y, threads);
-  else
-    ops->blocked(w, x, M, y, threads);
 }
 
 }  // namespace
