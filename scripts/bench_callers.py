@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import io
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from s2s_daemon.bench.machine import machine_line
 from s2s_daemon.bench.performance_page import add_doc_arguments, doc_target, markdown_table
+from s2s_daemon.bench.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = (
@@ -43,20 +43,6 @@ TEXTS = (
 
 HEADER = ("callers", "wall s", "audio s", "audio s per s, all", "slowest caller x real time", "first audio s, median",
           "slowest")  # fmt: skip
-
-
-_GIVEN: set[int] = set()
-
-
-def free_port() -> int:
-    """A free loopback port, never one given before (the kernel may hand a just-closed one out again)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _GIVEN:
-            _GIVEN.add(port)
-            return port
 
 
 def write_config(folder: Path, args: argparse.Namespace, http_port: int) -> Path:
