@@ -92,6 +92,13 @@ def scratch_page(tmp_path: Path) -> Path:
     return page
 
 
+def outside_section(text: str, key: str) -> str:
+    """The page without its section ``key`` (the whole page where it has none), the blank lines
+    before where it stands left out (a new section comes after one)."""
+    start, end = sections(text).get(key, (len(text), len(text)))
+    return text[:start].rstrip("\n") + text[end:]
+
+
 def section_of(page: Path, key: str) -> str:
     text = page.read_text(encoding="utf-8")
     start, end = sections(text)[key]
@@ -134,16 +141,13 @@ def test_bench_predictor_prints_both_ways_and_publishes_them(tmp_path: Path) -> 
     write_fused_checkpoint(model, "projected")
     page = scratch_page(tmp_path)
     before = page.read_text(encoding="utf-8")
-    start, end = sections(before).get("predictor", (len(before), len(before)))
     args = ["--frames", "8", "--streams", "2", "--rounds", "1", "--threads", "1"]
     done = run_script("bench_predictor.py", str(model), *args, page=page, timeout_s=200)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "one utterance: ms a frame with audio, chunks of 4: one call" in done.stdout
     assert "2 streams together: ms a step, talker and predictor: one call" in done.stdout
     after = page.read_text(encoding="utf-8")
-    start_after, end_after = sections(after)["predictor"]
-    # the rest of the page kept (a new section comes after a blank line)
-    assert after[:start_after].rstrip("\n") + after[end_after:] == before[:start].rstrip("\n") + before[end:]
+    assert outside_section(after, "predictor") == outside_section(before, "predictor")  # the rest of the page kept
     section = section_of(page, "predictor")
     assert "| what " in section and "| one call | loop | loop / one call |" in section.replace("  ", " ")
     assert "- command: `" in section and "scripts/bench_predictor.py" in section
@@ -164,19 +168,18 @@ def test_bench_callers_speaks_through_the_daemon_and_publishes(tmp_path: Path) -
     pytest.importorskip("soundfile")
     page = scratch_page(tmp_path)
     before = page.read_text(encoding="utf-8")
-    start, end = sections(before).get("callers", (len(before), len(before)))
     args = ["--callers", "1,2", "--frames", "8", "--rounds", "1", "--quantization", "int8"]
     done = run_script("bench_callers.py", str(TINY), *args, page=page, timeout_s=200)
-    assert done.returncode == 0, done.stderr[-2000:]
+    said = f"stdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-3000:]}"
+    assert done.returncode == 0, said
     lines = {line.split(":")[0]: line for line in done.stdout.splitlines() if " callers: " in line}
-    assert set(lines) == {"1 callers", "2 callers"}, done.stdout
+    assert set(lines) == {"1 callers", "2 callers"}, said
     # 8 frames a caller (0.64 s; mp3 pads a little): the 2 callers' audio is about twice the one's
     one = float(lines["1 callers"].split(" for ")[1].split(" s of audio")[0])
     two = float(lines["2 callers"].split(" for ")[1].split(" s of audio")[0])
-    assert 0.6 <= one <= 0.8 and 1.2 <= two <= 1.6, done.stdout
+    assert 0.6 <= one <= 0.8 and 1.2 <= two <= 1.6, said
     after = page.read_text(encoding="utf-8")
-    start_after, end_after = sections(after)["callers"]
-    assert after[:start_after].rstrip("\n") + after[end_after:] == before[:start].rstrip("\n") + before[end:]
+    assert outside_section(after, "callers") == outside_section(before, "callers")  # the rest of the page kept
     section = section_of(page, "callers")
     assert "| callers | wall s | audio s |" in section and "scripts/bench_callers.py" in section
 
