@@ -174,10 +174,11 @@ def test_bench_callers_speaks_through_the_daemon_and_publishes(tmp_path: Path) -
     assert done.returncode == 0, said
     lines = {line.split(":")[0]: line for line in done.stdout.splitlines() if " callers: " in line}
     assert set(lines) == {"1 callers", "2 callers"}, said
-    # 8 frames a caller (0.64 s; mp3 pads a little): the 2 callers' audio is about twice the one's
+    # at most 8 frames a caller (0.64 s; mp3 pads a little): the API samples, and the tiny
+    # checkpoint's random weights may draw the end of speech sooner (never before 2 frames)
     one = float(lines["1 callers"].split(" for ")[1].split(" s of audio")[0])
     two = float(lines["2 callers"].split(" for ")[1].split(" s of audio")[0])
-    assert 0.6 <= one <= 0.8 and 1.2 <= two <= 1.6, said
+    assert 0.1 <= one <= 0.8 and 0.2 <= two <= 1.6, said
     after = page.read_text(encoding="utf-8")
     assert outside_section(after, "callers") == outside_section(before, "callers")  # the rest of the page kept
     section = section_of(page, "callers")
