@@ -150,6 +150,84 @@ def test_chunks_come_out_in_order_and_a_stream_is_pushed_by_one_thread_at_a_time
         worker.close()
 
 
+@pytest.mark.parametrize("helping", [True, False])
+def test_a_waiting_engine_thread_decodes_another_streams_push_itself(helping: bool) -> None:
+    """Two streams: while the worker is held on stream a's push, the engine thread, waiting for
+    stream b's, runs b's pushes itself, in order; with ``helping`` off it waits for the worker."""
+    worker = CodecWorker(threads=1)
+    worker.helping = helping
+    gate, started = threading.Event(), threading.Event()
+    ran: list[tuple[str, int, str]] = []
+
+    def decode(name: str, rows: list[Any]) -> Any:
+        i = int(rows[0])
+        if name == "a" and i == 0:
+            started.set()
+            gate.wait(5)
+        ran.append((name, i, threading.current_thread().name))
+        return np.full(1, i, dtype=np.float32)
+
+    a, b = ChunkQueue(decode, "a", worker), ChunkQueue(decode, "b", worker)
+    try:
+        a.push([torch.tensor(0)])
+        assert started.wait(5)  # the worker holds a's push
+        for i in range(4):  # from the third on, b waits for its oldest push (MAX_AHEAD)
+            b.push([torch.tensor(i)])
+            if not helping and i == 1:
+                gate.set()  # else b would wait on the held worker
+        gate.set()
+        assert [int(c[0]) for c in b.drain()] == [0, 1, 2, 3]
+        assert [int(c[0]) for c in a.drain()] == [0]
+        here = threading.current_thread().name
+        if helping:
+            assert ("b", 0, here) in ran  # the engine thread took b's push while a's held the worker
+        else:
+            assert all(thread != here for _, _, thread in ran)
+    finally:
+        gate.set()
+        worker.close()
+
+
+def test_many_streams_on_two_threads_keep_each_streams_order_and_one_thread_at_a_time() -> None:
+    """Three streams' pushes, slow and fast, taken by the worker and by the waiting engine thread:
+    each stream's chunks in order, never two pushes of one stream at once, both threads used."""
+    import random
+    import time
+
+    worker = CodecWorker(threads=1)
+    lock = threading.Lock()
+    active: dict[str, int] = {}
+    overlapped = []
+    threads_seen = set()
+    pick = random.Random(7)
+
+    def decode(name: str, rows: list[Any]) -> Any:
+        with lock:
+            active[name] = active.get(name, 0) + 1
+            if active[name] > 1:
+                overlapped.append(name)
+            threads_seen.add(threading.current_thread().name)
+        time.sleep(pick.choice((0.0, 0.001, 0.004)))
+        with lock:
+            active[name] -= 1
+        return np.full(1, int(rows[0]), dtype=np.float32)
+
+    queues = {name: ChunkQueue(decode, name, worker) for name in "abc"}
+    got: dict[str, list[int]] = {name: [] for name in queues}
+    try:
+        for i in range(30):
+            for name, queue in queues.items():
+                queue.push([torch.tensor(i)])
+                got[name].extend(int(c[0]) for c in queue.ready())
+        for name, queue in queues.items():
+            got[name].extend(int(c[0]) for c in queue.drain())
+    finally:
+        worker.close()
+    assert all(chunks == list(range(30)) for chunks in got.values())
+    assert overlapped == []
+    assert threading.current_thread().name in threads_seen and "s2s.codec" in threads_seen
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("threads", "now", "on_the_worker"), [("2", 2, True), ("2", 1, False), ("1", 1, False)])
 def test_auto_takes_the_codec_thread_only_with_two_threads_in_force(threads: str, now: int, on_the_worker: bool,
