@@ -9,7 +9,11 @@ daemon's path): first with the engine's batch (``max_batch`` 4: a frame of every
 their rows in one pass of the weights), then interleaved (``max_batch`` 1: each stream's
 generator in turn on the one engine thread, as before batching). Random weights never say
 end-of-speech, so every stream makes ``--frames`` frames; 4-frame chunks, greedy. Rounds
-alternate the two ways (this machine is noisy) and the best of ``--rounds`` is kept.
+alternate the ways (this machine is noisy) and the best of ``--rounds`` is kept. With
+``--ways batched,interleaved,codec-thread`` a third way runs the batch with every codec push on
+the codec's own thread (``CodecWorker.helping`` off: the engine thread waits for a push behind
+instead of decoding a waiting one of another stream itself), and two more columns give its audio a
+second and the batch's over it, round by round (the median of the rounds' ratios).
 
 Printed per N and way: ``wall_s`` (first request to last chunk), ``x_one`` (that over one
 stream's wall time: the goal is 4 streams in at most 1.6x one), ``first_chunk_s`` (mean over the
@@ -27,6 +31,7 @@ import asyncio
 import datetime
 import functools
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -51,6 +56,7 @@ FORMATS = {
     "int8": {"dtype": "float32", "quantization": "int8"},
     "int4": {"dtype": "float32", "quantization": "int4"},
 }
+WAYS = ("batched", "interleaved", "codec-thread")
 SAMPLES_PER_FRAME = 1920
 SAMPLE_RATE = 24000
 
@@ -117,7 +123,7 @@ def codec_frame_ms(engine: Any, threads: int, chunk: int = 4, pushes: int = 6) -
     return statistics.median(times)
 
 
-async def main_async(args: argparse.Namespace, doc: DocTarget | None) -> int:
+async def main_async(args: argparse.Namespace, ways: list[str], doc: DocTarget | None) -> int:
     from s2s_daemon.tts.engine import EngineOptions, SynthesisRequest
     from s2s_daemon.tts.torch_qwen3 import TorchQwen3Engine
     from s2s_daemon.tts.worker import EngineWorker
@@ -177,15 +183,23 @@ async def main_async(args: argparse.Namespace, doc: DocTarget | None) -> int:
         )
     )
     best: dict[tuple[int, str], dict[str, float]] = {}
+    rounds: dict[tuple[int, str], list[dict[str, float]]] = {}
+    codec_worker = engine.codec_worker
+    if "codec-thread" in ways and codec_worker is None:
+        print("--ways codec-thread: the engine has no codec thread here (codec_overlap, threads)", file=sys.stderr)
+        return 2
     for _ in range(args.rounds):
         for n in counts:
-            for way, size in (("batched", 4), ("interleaved", 1)):
-                engine.options.extra["max_batch"] = str(size)
+            for way in ways:
+                engine.options.extra["max_batch"] = "1" if way == "interleaved" else "4"
                 worker._batched = None  # the worker reads max_batch again
+                if codec_worker is not None:
+                    codec_worker.helping = way != "codec-thread"
                 if engine.runtime is not None and engine.runtime.prefixes is not None:
                     await worker._call(engine.runtime.prefixes.clear)
                 result = await run_streams(worker, requests[n])
                 key = (n, way)
+                rounds.setdefault(key, []).append(result)
                 if key not in best or result["wall_s"] < best[key]["wall_s"]:
                     best[key] = result
     steps = {n: await worker._call(functools.partial(talker_step_ms, engine, requests[n], 8)) for n in counts}
@@ -210,8 +224,15 @@ async def main_async(args: argparse.Namespace, doc: DocTarget | None) -> int:
                 f"{n * codec_ms / (steps[n] + n * codec_ms):.0%}",
             ]
         )
+        if "codec-thread" in ways:
+            alone = best[(n, "codec-thread")]
+            paired = [
+                (h["audio_s"] / h["wall_s"]) / (c["audio_s"] / c["wall_s"])
+                for h, c in zip(rounds[(n, "batched")], rounds[(n, "codec-thread")], strict=True)
+            ]
+            rows[-1] += [f"{alone['audio_s'] / alone['wall_s']:.3f}", f"{statistics.median(paired):.2f}x"]
     for n in counts:
-        for way in ("batched", "interleaved"):
+        for way in ways:
             r = best[(n, way)]
             print(
                 json.dumps(
@@ -232,15 +253,23 @@ async def main_async(args: argparse.Namespace, doc: DocTarget | None) -> int:
         header = ["streams", "batched wall s", "interleaved wall s", "interleaved / batched", "batched / one stream",
                   "first chunk s, batched", "interleaved", "audio s per s, batched", "interleaved",
                   "talker ms a step, batched", "codec ms a frame", "codec's share of a step"]  # fmt: skip
+        if "codec-thread" in ways:
+            header += ["audio s per s, every push on the codec thread", "batched / that, round by round"]
         doc.publish(
             "Several streams at once: batched against interleaved",
             markdown_table(header, rows, "r" * len(header)),
             f"Weights {args.format}, {threads} threads, {args.frames} frames a stream, 4-frame chunks, greedy;"
-            f" best of {args.rounds} rounds alternating the two ways. Batched: `max_batch` 4 (a frame of every"
+            f" best of {args.rounds} rounds alternating the ways. Batched: `max_batch` 4 (a frame of every"
             " stream per step); interleaved: `max_batch` 1. The goal: 4 streams in at most 1.6x one's wall time."
             f" The parts of a step, each alone at {threads} threads: the talker and code predictor for a frame of"
             " every stream (no codec), and the codec decoder's frame (pushes of 4 frames), which batching does not"
-            " share: its share is N codec frames over those and the talker's step.",
+            " share: its share is N codec frames over those and the talker's step."
+            + (
+                " Every push on the codec thread (`CodecWorker.helping` off): the engine thread waits for a push"
+                " behind instead of decoding a waiting one of another stream itself."
+                if "codec-thread" in ways
+                else ""
+            ),
         )
     return 0
 
@@ -253,9 +282,13 @@ def main() -> int:
     parser.add_argument("--streams", default="1,2,4", help="stream counts (start with 1 for the x_one column)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (default: the engine's choice)")
+    parser.add_argument("--ways", default="batched,interleaved", help=f"comma-separated, of {', '.join(WAYS)}")
     add_doc_arguments(parser, "batch")
     args = parser.parse_args()
-    return asyncio.run(main_async(args, doc_target(args)))
+    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
+    if "batched" not in ways or "interleaved" not in ways or set(ways) - set(WAYS):
+        parser.error(f"--ways: batched and interleaved, and optionally codec-thread (got {args.ways!r})")
+    return asyncio.run(main_async(args, ways, doc_target(args)))
 
 
 if __name__ == "__main__":

@@ -234,12 +234,17 @@ def test_bench_memory_shows_the_peers_figure_beside_a_checkpoint_of_its_size_alo
 def test_bench_batch_on_the_tiny_checkpoint_publishes_the_codec_beside_the_talker_step(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     page = scratch_page(tmp_path)
-    args = ("--format", "int8", "--frames", "8", "--streams", "1,2", "--rounds", "1")
+    args = ("--format", "int8", "--frames", "8", "--streams", "1,2", "--rounds", "2", "--ways",
+            "batched,interleaved,codec-thread")  # fmt: skip
     done = run_script("bench_batch.py", str(TINY), *args, page=page)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section_of(page, "batch").splitlines()]
     rows = [r for r in rows if r and r[0] in ("1", "2")]
-    assert [r[0] for r in rows] == ["1", "2"] and all(len(r) == 12 for r in rows)
+    assert [r[0] for r in rows] == ["1", "2"] and all(len(r) == 14 for r in rows)
+    ways = [json.loads(line)["way"] for line in done.stdout.splitlines() if line.startswith('{"streams"')]
+    assert ways == ["batched", "interleaved", "codec-thread"] * 2
+    for r in rows:  # the third way's audio a second, and the batch's over it round by round
+        assert float(r[12]) > 0 and float(r[13].removesuffix("x")) > 0
     for r in rows:
         step, codec, share = float(r[9]), float(r[10]), int(r[11].removesuffix("%"))
         assert step > 0 and codec > 0
