@@ -162,6 +162,28 @@ async def test_on_a_fast_engine_the_caller_joins_once_the_speaker_is_far_enough_
     assert caller[-1] < speaker[-1]  # done while the speaker still went on: no waiting for its end
 
 
+@pytest.mark.slow
+async def test_callers_sent_together_start_together_and_a_later_pair_one_step_apart() -> None:
+    # Four callers find nothing open: all four are opened before the first step, so each one's
+    # first audio waits for four prefills and one step, not for the steps of those opened before
+    # it. Two more that come while those run are opened one per step (the open ones go on between).
+    engine = StepEngine(step_s=0.02, open_s=0.05, size=8)
+    worker = EngineWorker(engine, stall_timeout_s=5)  # type: ignore[arg-type]
+    results = await asyncio.wait_for(
+        asyncio.gather(
+            *(_consume(worker, _request(name, 30, False)) for name in "abcd"),
+            *(_consume(worker, _request(name, 5, False), 0.35) for name in "ef"),
+        ),
+        timeout=20,
+    )
+    await worker.close()
+    assert [len(r) for r in results] == [30, 30, 30, 30, 5, 5]
+    names = [n for _, n in engine.steps]
+    assert names[0] == {"a", "b", "c", "d"}
+    e, f = (next(i for i, n in enumerate(names) if name in n) for name in "ef")
+    assert abs(e - f) == 1 and {"a", "b", "c", "d"} <= names[min(e, f)]
+
+
 async def test_a_speaker_waiting_for_a_place_lets_the_open_callers_finish() -> None:
     # Both places taken by callers: the speaker cannot be opened, so it must not hold them.
     engine = StepEngine(step_s=0.02, size=2)
