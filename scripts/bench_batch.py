@@ -9,11 +9,15 @@ daemon's path): first with the engine's batch (``max_batch`` 4: a frame of every
 their rows in one pass of the weights), then interleaved (``max_batch`` 1: each stream's
 generator in turn on the one engine thread, as before batching). Random weights never say
 end-of-speech, so every stream makes ``--frames`` frames; 4-frame chunks, greedy. Rounds
-alternate the ways (this machine is noisy) and the best of ``--rounds`` is kept. With
-``--ways batched,interleaved,codec-thread`` a third way runs the batch with every codec push on
-the codec's own thread (``CodecWorker.helping`` off: the engine thread waits for a push behind
-instead of decoding a waiting one of another stream itself), and two more columns give its audio a
-second and the batch's over it, round by round (the median of the rounds' ratios).
+alternate the ways (this machine is noisy) and the best of ``--rounds`` is kept. ``--ways`` adds
+the batch as it was before a change, each way a column group (its audio a second, the batch's over
+it round by round as the median of the rounds' ratios, its first chunk mean and slowest, beside
+the batch's):
+
+- ``codec-thread``: every codec push on the codec's own thread (``CodecWorker.helping`` off: the
+  engine thread waits for a push behind instead of decoding a waiting one of another stream);
+- ``one-open-a-step``: streams opened (prefilled) one a step even when they came together
+  (``Batch.open_together`` off), so that the streams opened before one step in between.
 
 Printed per N and way: ``wall_s`` (first request to last chunk), ``x_one`` (that over one
 stream's wall time: the goal is 4 streams in at most 1.6x one), ``first_chunk_s`` (mean over the
@@ -56,7 +60,12 @@ FORMATS = {
     "int8": {"dtype": "float32", "quantization": "int8"},
     "int4": {"dtype": "float32", "quantization": "int4"},
 }
-WAYS = ("batched", "interleaved", "codec-thread")
+WAYS = ("batched", "interleaved", "codec-thread", "one-open-a-step")
+EXTRA_WAYS = {
+    "codec-thread": "every push on the codec thread",
+    "one-open-a-step": "one stream opened a step",
+}
+"""The ways beside the batch and the interleaved streams, each the batch with one change undone."""
 SAMPLES_PER_FRAME = 1920
 SAMPLE_RATE = 24000
 
@@ -79,7 +88,12 @@ async def run_streams(worker: Any, requests: list[Any]) -> dict[str, float]:
     await asyncio.gather(*(one(r) for r in requests))
     wall = time.perf_counter() - started
     audio_s = samples / SAMPLE_RATE
-    return {"wall_s": wall, "first_chunk_s": sum(firsts) / max(1, len(firsts)), "audio_s": audio_s}
+    return {
+        "wall_s": wall,
+        "first_chunk_s": sum(firsts) / max(1, len(firsts)),
+        "first_chunk_max_s": max(firsts, default=wall),
+        "audio_s": audio_s,
+    }
 
 
 def talker_step_ms(engine: Any, requests: list[Any], steps: int) -> float:
@@ -195,6 +209,9 @@ async def main_async(args: argparse.Namespace, ways: list[str], doc: DocTarget |
                 worker._batched = None  # the worker reads max_batch again
                 if codec_worker is not None:
                     codec_worker.helping = way != "codec-thread"
+                batch = worker._batch()  # made anew for max_batch (None: interleaved)
+                if batch is not None:
+                    batch.open_together = way != "one-open-a-step"
                 if engine.runtime is not None and engine.runtime.prefixes is not None:
                     await worker._call(engine.runtime.prefixes.clear)
                 result = await run_streams(worker, requests[n])
@@ -224,13 +241,20 @@ async def main_async(args: argparse.Namespace, ways: list[str], doc: DocTarget |
                 f"{n * codec_ms / (steps[n] + n * codec_ms):.0%}",
             ]
         )
-        if "codec-thread" in ways:
-            alone = best[(n, "codec-thread")]
+        extra = [way for way in ways if way in EXTRA_WAYS]
+        if extra:
+            rows[-1].append(f"{b['first_chunk_s']:.2f} / {b['first_chunk_max_s']:.2f}")
+        for way in extra:
+            other = best[(n, way)]
             paired = [
                 (h["audio_s"] / h["wall_s"]) / (c["audio_s"] / c["wall_s"])
-                for h, c in zip(rounds[(n, "batched")], rounds[(n, "codec-thread")], strict=True)
+                for h, c in zip(rounds[(n, "batched")], rounds[(n, way)], strict=True)
             ]
-            rows[-1] += [f"{alone['audio_s'] / alone['wall_s']:.3f}", f"{statistics.median(paired):.2f}x"]
+            rows[-1] += [
+                f"{other['audio_s'] / other['wall_s']:.3f}",
+                f"{statistics.median(paired):.2f}x",
+                f"{other['first_chunk_s']:.2f} / {other['first_chunk_max_s']:.2f}",
+            ]
     for n in counts:
         for way in ways:
             r = best[(n, way)]
@@ -242,6 +266,7 @@ async def main_async(args: argparse.Namespace, ways: list[str], doc: DocTarget |
                         "wall_s": round(r["wall_s"], 2),
                         "x_one": round(r["wall_s"] / one, 2) if one else None,
                         "first_chunk_s": round(r["first_chunk_s"], 2),
+                        "first_chunk_max_s": round(r["first_chunk_max_s"], 2),
                         "agg_rtf": round(r["audio_s"] / r["wall_s"], 3),
                         "talker_ms_per_step": round(steps[n], 1) if way == "batched" else None,
                         "codec_ms_per_frame": round(codec_ms, 1),
@@ -253,8 +278,12 @@ async def main_async(args: argparse.Namespace, ways: list[str], doc: DocTarget |
         header = ["streams", "batched wall s", "interleaved wall s", "interleaved / batched", "batched / one stream",
                   "first chunk s, batched", "interleaved", "audio s per s, batched", "interleaved",
                   "talker ms a step, batched", "codec ms a frame", "codec's share of a step"]  # fmt: skip
-        if "codec-thread" in ways:
-            header += ["audio s per s, every push on the codec thread", "batched / that, round by round"]
+        extra = [way for way in ways if way in EXTRA_WAYS]
+        if extra:
+            header.append("first chunk s, mean / slowest, batched")
+        for way in extra:
+            header += [f"audio s per s, {EXTRA_WAYS[way]}", "batched / that, round by round",
+                       f"first chunk s, mean / slowest, {EXTRA_WAYS[way]}"]  # fmt: skip
         doc.publish(
             "Several streams at once: batched against interleaved",
             markdown_table(header, rows, "r" * len(header)),
@@ -268,6 +297,12 @@ async def main_async(args: argparse.Namespace, ways: list[str], doc: DocTarget |
                 " Every push on the codec thread (`CodecWorker.helping` off): the engine thread waits for a push"
                 " behind instead of decoding a waiting one of another stream itself."
                 if "codec-thread" in ways
+                else ""
+            )
+            + (
+                " One stream opened a step (`Batch.open_together` off): streams that came together are prefilled"
+                " one a step, the streams opened before each making a frame in between."
+                if "one-open-a-step" in ways
                 else ""
             ),
         )
@@ -287,7 +322,7 @@ def main() -> int:
     args = parser.parse_args()
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
     if "batched" not in ways or "interleaved" not in ways or set(ways) - set(WAYS):
-        parser.error(f"--ways: batched and interleaved, and optionally codec-thread (got {args.ways!r})")
+        parser.error(f"--ways: batched and interleaved, and of {', '.join(EXTRA_WAYS)} (got {args.ways!r})")
     return asyncio.run(main_async(args, ways, doc_target(args)))
 
 

@@ -157,6 +157,24 @@ def test_bench_predictor_prints_both_ways_and_publishes_them(tmp_path: Path) -> 
     assert page.read_text(encoding="utf-8") == after
 
 
+def test_bench_callers_texts_are_each_one_utterance() -> None:
+    """Random weights run every utterance to the cap: a text the daemon splits would give its
+    caller twice the audio of the others (and the round's end)."""
+    from s2s_daemon.pipeline.segment import split_sentences
+    from s2s_daemon.tts.stage import SEGMENT_MAX_CHARS
+
+    def utterances(text: str) -> list[str]:
+        return split_sentences(text, SEGMENT_MAX_CHARS, complete=True, first=True, at_boundary=True)[0]
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import bench_callers
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    assert all(utterances(text) == [text] for text in bench_callers.TEXTS)
+    assert len(utterances("Good night, sleep well, and I will see you again tomorrow morning.")) == 2  # the old fourth
+
+
 @pytest.mark.integration
 @pytest.mark.torch
 @pytest.mark.slow
@@ -235,16 +253,19 @@ def test_bench_batch_on_the_tiny_checkpoint_publishes_the_codec_beside_the_talke
     pytest.importorskip("torch")
     page = scratch_page(tmp_path)
     args = ("--format", "int8", "--frames", "8", "--streams", "1,2", "--rounds", "2", "--ways",
-            "batched,interleaved,codec-thread")  # fmt: skip
+            "batched,interleaved,codec-thread,one-open-a-step")  # fmt: skip
     done = run_script("bench_batch.py", str(TINY), *args, page=page)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section_of(page, "batch").splitlines()]
     rows = [r for r in rows if r and r[0] in ("1", "2")]
-    assert [r[0] for r in rows] == ["1", "2"] and all(len(r) == 14 for r in rows)
+    assert [r[0] for r in rows] == ["1", "2"] and all(len(r) == 19 for r in rows)
     ways = [json.loads(line)["way"] for line in done.stdout.splitlines() if line.startswith('{"streams"')]
-    assert ways == ["batched", "interleaved", "codec-thread"] * 2
-    for r in rows:  # the third way's audio a second, and the batch's over it round by round
-        assert float(r[12]) > 0 and float(r[13].removesuffix("x")) > 0
+    assert ways == ["batched", "interleaved", "codec-thread", "one-open-a-step"] * 2
+    for r in rows:  # each way's audio a second, the batch's over it round by round, first chunks
+        for first in (r[12], r[15], r[18]):
+            mean, slowest = (float(x) for x in first.split(" / "))
+            assert 0 < mean <= slowest
+        assert all(float(r[k]) > 0 and float(r[k + 1].removesuffix("x")) > 0 for k in (13, 16))
     for r in rows:
         step, codec, share = float(r[9]), float(r[10]), int(r[11].removesuffix("%"))
         assert step > 0 and codec > 0
