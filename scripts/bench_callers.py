@@ -38,8 +38,12 @@ TEXTS = (
     "The kettle is boiling in the kitchen, come and make the tea.",
     "Someone is at the front door, would you please answer it?",
     "The lights in the hall and on the stairs are switched off now.",
-    "Good night, sleep well, and I will see you again tomorrow morning.",
+    "Good night, sleep well, I will see you again in the morning.",
 )
+"""One sentence each that the daemon speaks as one utterance (at most ``FIRST_SENTENCE_CHARS``:
+a longer first sentence is spoken from its first clause, an utterance of its own). Random weights
+never end an utterance, so each runs to ``--frames``: a request spoken as two would bring twice
+the audio and its caller alone would set the round's end."""
 
 HEADER = ("callers", "wall s", "audio s", "audio s per s, all", "slowest caller x real time", "first audio s, median",
           "slowest")  # fmt: skip
