@@ -115,10 +115,9 @@ class Batch:
 
     Every step runs on the engine thread and is resubmitted after each frame, so other engine
     calls (memory figures, closing a stream) wait at most one step. Up to ``size`` streams are
-    open at once (their KV caches live), one more opened (prefilled) per step, or, where none
-    is open, every caller waiting (requests sent together start together); a later one waits for
-    a place. A stream whose consumer is ``STREAM_AHEAD`` chunks behind is left out of
-    the steps until it catches up.
+    open at once (their KV caches live); a step opens (prefills) a paced stream, or every caller
+    waiting (requests sent together start together); a later one waits for a place. A stream
+    whose consumer is ``STREAM_AHEAD`` chunks behind is left out of the steps until it catches up.
 
     A paced stream (the speaker's) comes first: while its audio is less than ``LEAD_S`` ahead of
     playing time, the others are left out of the steps, and none is opened unless that lead also
@@ -133,7 +132,7 @@ class Batch:
         self.open_s = OPEN_S
         """A prefill's expected time: a running mean of those measured (engine thread)."""
         self.open_together = True
-        """Where none is open, open every caller waiting in one step (False: one per step)."""
+        """Open every caller waiting in one step (False: one a step)."""
         self._streams: list[BatchStream] = []
         """Joined, in order of arrival (engine thread only)."""
         self._lock = threading.Lock()
@@ -158,25 +157,25 @@ class Batch:
         """(Engine thread) open what has a place, then one frame of every runnable open stream."""
         with self._lock:
             self._scheduled = False
-        # Open what has a place: paced streams first, one prefill per step where streams are open
-        # (they make their next frame in between, and a speaker plays after one prefill, not after
-        # four); another only when the speaker is far enough ahead. Callers that found nothing
-        # open (requests sent together) are opened together: each one's first audio then waits
-        # for their prefills and one step, not for a step of every stream opened before it.
-        lead = self._speaker_lead_s()
+        # Open what has a place: paced streams first, a paced one alone in its step (the speaker
+        # plays after one prefill, not after four), then every caller waiting, each while the
+        # speaker's lead still covers a prefill. Callers opened in one step are stepped together
+        # at once: each one's first audio waits for their prefills and one step, not for a step
+        # of every stream opened before it (the streams already open pause for those prefills
+        # either way, in one gap or one prefill a step).
         opened = sum(1 for s in self._streams if s.synthesis is not None and not s.closed)
-        together = opened == 0 and self.open_together
         for stream in sorted(self._streams, key=lambda s: not s.paced):
             if stream.closed or stream.synthesis is not None:
                 continue
             if opened >= self.size:
                 break
+            lead = self._speaker_lead_s()
             if not stream.paced and lead < LEAD_S + self.open_s:
                 stream.hold(lead)
                 break
             if self._open(stream):
                 opened += 1
-            if stream.paced or not together:
+            if stream.paced or not self.open_together:
                 break
         lead = self._speaker_lead_s()
         ready: list[BatchStream] = []
