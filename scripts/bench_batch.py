@@ -17,7 +17,7 @@ the batch's):
 - ``codec-thread``: every codec push on the codec's own thread (``CodecWorker.helping`` off: the
   engine thread waits for a push behind instead of decoding a waiting one of another stream);
 - ``one-open-a-step``: streams opened (prefilled) one a step even when they came together
-  (``Batch.open_together`` off), so that the streams opened before one step in between.
+  (``Batch.open_together`` off), the streams opened before each making a frame in between.
 
 Printed per N and way: ``wall_s`` (first request to last chunk), ``x_one`` (that over one
 stream's wall time: the goal is 4 streams in at most 1.6x one), ``first_chunk_s`` (mean over the
