@@ -71,8 +71,8 @@ class CodecWorker:
         """The engine thread takes pushes (``help``); False: every push on the worker's thread."""
         self._cond = threading.Condition()
         self._waiting: deque[_Push] = deque()
-        self._pushing: set[int] = set()
-        """``id`` of the keys whose push runs now, on any thread."""
+        self._pushing: set[object] = set()
+        """The keys whose push runs now, on any thread."""
         self._on_worker = False
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="s2s.codec", daemon=True)
@@ -138,12 +138,12 @@ class CodecWorker:
         i = 0
         while i < len(self._waiting):
             push = self._waiting[i]
-            if id(push.key) in self._pushing:
+            if push.key in self._pushing:
                 i += 1
                 continue
             del self._waiting[i]
             if push.future.set_running_or_notify_cancel():
-                self._pushing.add(id(push.key))
+                self._pushing.add(push.key)
                 return push
         return None
 
@@ -156,7 +156,7 @@ class CodecWorker:
             push.future.set_result(result)
         finally:
             with self._cond:
-                self._pushing.discard(id(push.key))
+                self._pushing.discard(push.key)
                 self._cond.notify_all()
 
     def _loop(self) -> None:
