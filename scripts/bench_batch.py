@@ -62,10 +62,19 @@ FORMATS = {
 }
 WAYS = ("batched", "interleaved", "codec-thread", "one-open-a-step")
 EXTRA_WAYS = {
-    "codec-thread": "every push on the codec thread",
-    "one-open-a-step": "one stream opened a step",
+    "codec-thread": (
+        "every push on the codec thread",
+        "Every push on the codec thread (`CodecWorker.helping` off): the engine thread waits for a push behind"
+        " instead of decoding a waiting one of another stream itself.",
+    ),
+    "one-open-a-step": (
+        "one stream opened a step",
+        "One stream opened a step (`Batch.open_together` off): streams that came together are prefilled one a"
+        " step, the streams opened before each making a frame in between.",
+    ),
 }
-"""The ways beside the batch and the interleaved streams, each the batch with one change undone."""
+"""The ways beside the batch and the interleaved streams, each the batch with one change undone: its
+columns' label and the page's sentence on it."""
 SAMPLES_PER_FRAME = 1920
 SAMPLE_RATE = 24000
 
@@ -198,6 +207,7 @@ async def main_async(args: argparse.Namespace, ways: list[str], doc: DocTarget |
     )
     best: dict[tuple[int, str], dict[str, float]] = {}
     rounds: dict[tuple[int, str], list[dict[str, float]]] = {}
+    extra = [way for way in ways if way in EXTRA_WAYS]
     codec_worker = engine.codec_worker
     if "codec-thread" in ways and codec_worker is None:
         print("--ways codec-thread: the engine has no codec thread here (codec_overlap, threads)", file=sys.stderr)
@@ -241,7 +251,6 @@ async def main_async(args: argparse.Namespace, ways: list[str], doc: DocTarget |
                 f"{n * codec_ms / (steps[n] + n * codec_ms):.0%}",
             ]
         )
-        extra = [way for way in ways if way in EXTRA_WAYS]
         if extra:
             rows[-1].append(f"{b['first_chunk_s']:.2f} / {b['first_chunk_max_s']:.2f}")
         for way in extra:
@@ -278,12 +287,12 @@ async def main_async(args: argparse.Namespace, ways: list[str], doc: DocTarget |
         header = ["streams", "batched wall s", "interleaved wall s", "interleaved / batched", "batched / one stream",
                   "first chunk s, batched", "interleaved", "audio s per s, batched", "interleaved",
                   "talker ms a step, batched", "codec ms a frame", "codec's share of a step"]  # fmt: skip
-        extra = [way for way in ways if way in EXTRA_WAYS]
         if extra:
             header.append("first chunk s, mean / slowest, batched")
         for way in extra:
-            header += [f"audio s per s, {EXTRA_WAYS[way]}", "batched / that, round by round",
-                       f"first chunk s, mean / slowest, {EXTRA_WAYS[way]}"]  # fmt: skip
+            label = EXTRA_WAYS[way][0]
+            header += [f"audio s per s, {label}", "batched / that, round by round",
+                       f"first chunk s, mean / slowest, {label}"]  # fmt: skip
         doc.publish(
             "Several streams at once: batched against interleaved",
             markdown_table(header, rows, "r" * len(header)),
@@ -293,18 +302,7 @@ async def main_async(args: argparse.Namespace, ways: list[str], doc: DocTarget |
             f" The parts of a step, each alone at {threads} threads: the talker and code predictor for a frame of"
             " every stream (no codec), and the codec decoder's frame (pushes of 4 frames), which batching does not"
             " share: its share is N codec frames over those and the talker's step."
-            + (
-                " Every push on the codec thread (`CodecWorker.helping` off): the engine thread waits for a push"
-                " behind instead of decoding a waiting one of another stream itself."
-                if "codec-thread" in ways
-                else ""
-            )
-            + (
-                " One stream opened a step (`Batch.open_together` off): streams that came together are prefilled"
-                " one a step, the streams opened before each making a frame in between."
-                if "one-open-a-step" in ways
-                else ""
-            ),
+            + "".join(" " + EXTRA_WAYS[way][1] for way in extra),
         )
     return 0
 
